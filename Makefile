@@ -1,0 +1,34 @@
+# Two commands for a new machine: `make demo` and `make test`.
+VENV := .venv
+BIN := $(VENV)/bin
+export PATH := $(CURDIR)/$(BIN):$(PATH)
+
+.PHONY: demo test install services lint bench clean
+
+$(BIN)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $@
+
+install: $(BIN)/.installed
+
+demo: install
+	$(BIN)/klique demo
+
+services:
+	scripts/services-up
+
+test: install services
+	KLIQUE_REQUIRE_SERVICES=1 $(BIN)/pytest -q
+	$(MAKE) lint
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+
+bench: install services
+	$(BIN)/python bench/latency_host.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

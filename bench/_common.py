@@ -1,0 +1,68 @@
+"""Shared by the benchmarks: a real Klique server in a scratch home, and medians."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextmanager
+def klique_server(estate_text: str | None = None) -> Iterator[tuple[httpx.Client, Path]]:
+    """A server on loopback with its own home; yields an authenticated API client."""
+    with tempfile.TemporaryDirectory(prefix="klique-bench-") as scratch:
+        home = Path(scratch) / "home"
+        home.mkdir()
+        args = [sys.executable, "-m", "broker", "server", "--port", str(port := free_port())]
+        if estate_text is not None:
+            (estate := Path(scratch) / "estate.yaml").write_text(estate_text)
+            args += ["--estate", str(estate)]
+        env = {**os.environ, "KLIQUE_HOME": str(home)}
+        with (home / "server.log").open("ab") as log:
+            server = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+        url = f"http://127.0.0.1:{port}/api/v1"
+        try:
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    if httpx.get(url + "/health").status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                if time.monotonic() > deadline or server.poll() is not None:
+                    raise SystemExit((home / "server.log").read_text())
+                time.sleep(0.1)
+            token = (home / "admin.token").read_text().strip()
+            with httpx.Client(
+                base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=60
+            ) as api:
+                yield api, home
+        finally:
+            server.terminate()
+            server.wait(30)
+
+
+def median(values: list[float]) -> float:
+    return round(statistics.median(values), 4)
+
+
+def last_line(result: dict[str, object]) -> None:
+    print(json.dumps(result))

@@ -1,0 +1,181 @@
+"""The API's request and response bodies."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from broker.domain import ComputeResource, Pool, Task, TaskState
+from broker.scheduler.placement import PoolState
+
+
+class CodeIn(BaseModel):
+    repo: str | None = None
+    commit: str | None = Field(None, pattern=r"^[0-9a-f]{7,64}$")
+    diff: str = ""
+    workdir: str | None = None
+    subdir: str = ""
+
+
+class SubmitRequest(BaseModel):
+    command: list[str] = Field(min_length=1)
+    resource: str | None = None
+    project: str = Field("default", min_length=1, max_length=200)
+    name: str = Field("", max_length=200)
+    env: dict[str, str] = {}
+    code: CodeIn | None = None
+    requirements: list[str] = []
+    image: str | None = None
+
+
+class TokenRequest(BaseModel):
+    user: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+    admin: bool = False
+
+
+class TaskOut(BaseModel):
+    id: int
+    name: str
+    owner: str
+    team: str | None
+    project: str
+    resource: str
+    state: TaskState
+    reason: str
+    pool: str | None
+    native_id: str | None
+    job_dir: str | None
+    exit_code: int | None
+    command: list[str]
+    borrowed: bool
+    created_at: float
+    submitted_at: float | None
+    started_at: float | None
+    finished_at: float | None
+    code: dict[str, Any] | None = None
+    events: list[dict[str, Any]] = []
+    scalars: list[dict[str, Any]] = []
+
+    @classmethod
+    def of(cls, task: Task) -> TaskOut:
+        code = None
+        if task.spec.code is not None:
+            c = task.spec.code
+            code = {
+                "repo": c.repo,
+                "commit": c.commit,
+                "diff_bytes": len(c.diff.encode()),
+                "workdir": c.workdir,
+                "subdir": c.subdir,
+            }
+        return cls(
+            id=task.id,
+            name=task.spec.name,
+            owner=task.owner,
+            team=task.team,
+            project=task.spec.project,
+            resource=task.spec.resource,
+            state=task.state,
+            reason=task.reason,
+            pool=task.pool,
+            native_id=task.native_id,
+            job_dir=task.job_dir,
+            exit_code=task.exit_code,
+            command=list(task.spec.command),
+            borrowed=task.borrowed,
+            created_at=task.created_at,
+            submitted_at=task.submitted_at,
+            started_at=task.started_at,
+            finished_at=task.finished_at,
+            code=code,
+        )
+
+
+class WhyOut(BaseModel):
+    id: int
+    state: TaskState
+    waiting: bool
+    primary: str
+    detail: str
+    pools: dict[str, str]
+
+
+class LogChunk(BaseModel):
+    id: int
+    offset: int
+    text: str
+    final: bool
+
+
+class ConsoleIn(BaseModel):
+    offset: int = Field(ge=0)
+    text: str
+
+
+class ScalarIn(BaseModel):
+    name: str
+    value: float
+    step: int | None = None
+    time: float | None = None
+
+
+class Report(BaseModel):
+    state: Literal["setting_up", "running", "done"] | None = None
+    exit: dict[str, Any] | None = None
+    console: ConsoleIn | None = None
+    scalars: list[ScalarIn] = []
+
+
+class ResourceOut(BaseModel):
+    name: str
+    description: str
+    gpus: int
+    gpu_fraction: float | None
+    gpu_memory_mb: int | None
+    cpus: int
+    memory_mb: int
+    walltime_s: int
+    pools: list[str]
+    permitted: bool
+
+    @classmethod
+    def of(cls, r: ComputeResource, permitted: bool) -> ResourceOut:
+        p = r.profile
+        return cls(
+            name=r.name,
+            description=r.description,
+            gpus=p.gpus,
+            gpu_fraction=p.gpu_fraction,
+            gpu_memory_mb=p.gpu_memory_mb,
+            cpus=p.cpus,
+            memory_mb=p.memory_mb,
+            walltime_s=p.walltime_s,
+            pools=list(p.pools),
+            permitted=permitted,
+        )
+
+
+class PoolOut(BaseModel):
+    name: str
+    kind: str
+    description: str
+    reachable: bool
+    reason: str
+    free_slots: int | None
+    free_gpus: float
+    queued: int
+
+    @classmethod
+    def of(cls, pool: Pool, state: PoolState | None) -> PoolOut:
+        state = state or PoolState(pool.name, reachable=False, reason="not polled yet")
+        return cls(
+            name=pool.name,
+            kind=pool.kind.value,
+            description=str(pool.settings.get("description") or ""),
+            reachable=state.reachable,
+            reason=state.reason,
+            free_slots=state.free_slots,
+            free_gpus=state.free_gpus,
+            queued=state.queued,
+        )

@@ -1,0 +1,274 @@
+"""The words of the domain as code: tasks, compute resources, profiles, pools, policies.
+
+This module does no I/O. The task state machine lives here and only here: every writer
+asks `transition()` before it changes a task's state.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+from broker.errors import IllegalTransition
+
+
+class TaskState(enum.StrEnum):
+    """A task's life, from submission to one of five final states."""
+
+    CREATED = "created"  # recorded, not yet validated against the estate
+    QUEUED = "queued"  # waiting in Klique for the meta-scheduler
+    HELD = "held"  # kept out of scheduling until released
+    PLACED = "placed"  # the scheduler chose a pool; the pool has not accepted it yet
+    SUBMITTED = "submitted"  # the pool accepted it (a native job id exists)
+    PENDING = "pending"  # waiting in the pool's own queue
+    RUNNING = "running"
+    COMPLETED = "completed"  # exit code 0
+    FAILED = "failed"  # non-zero exit, or refused with a reason
+    CANCELLED = "cancelled"
+    TIMEOUT = "timeout"  # ran past its walltime
+    LOST = "lost"  # left the pool with no exit file after the grace period
+
+    @property
+    def final(self) -> bool:
+        return self in FINAL_STATES
+
+    @property
+    def active(self) -> bool:
+        """Holds or may hold capacity in a pool."""
+        return self in (TaskState.PLACED, TaskState.SUBMITTED, TaskState.PENDING, TaskState.RUNNING)
+
+
+FINAL_STATES = frozenset(
+    {TaskState.COMPLETED, TaskState.FAILED, TaskState.CANCELLED, TaskState.TIMEOUT, TaskState.LOST}
+)
+
+_S = TaskState
+_IN_POOL_ENDINGS = {_S.COMPLETED, _S.FAILED, _S.CANCELLED, _S.TIMEOUT, _S.LOST}
+
+# The allowed transitions. A task goes back to QUEUED when a pool gives it up before it
+# ran (spill-over, a refused submission) or when it is preempted and requeued.
+TRANSITIONS: dict[TaskState, frozenset[TaskState]] = {
+    _S.CREATED: frozenset({_S.QUEUED, _S.HELD, _S.FAILED, _S.CANCELLED}),
+    _S.QUEUED: frozenset({_S.PLACED, _S.HELD, _S.FAILED, _S.CANCELLED}),
+    _S.HELD: frozenset({_S.QUEUED, _S.CANCELLED}),
+    _S.PLACED: frozenset({_S.SUBMITTED, _S.QUEUED, _S.FAILED, _S.CANCELLED}),
+    _S.SUBMITTED: frozenset({_S.PENDING, _S.RUNNING, _S.QUEUED} | _IN_POOL_ENDINGS),
+    _S.PENDING: frozenset({_S.RUNNING, _S.QUEUED} | _IN_POOL_ENDINGS),
+    _S.RUNNING: frozenset({_S.QUEUED} | _IN_POOL_ENDINGS),
+    _S.COMPLETED: frozenset(),
+    _S.FAILED: frozenset(),
+    _S.CANCELLED: frozenset(),
+    _S.TIMEOUT: frozenset(),
+    _S.LOST: frozenset(),
+}
+
+
+def can_transition(old: TaskState, new: TaskState) -> bool:
+    return new == old or new in TRANSITIONS[old]
+
+
+def transition(old: TaskState, new: TaskState) -> TaskState:
+    """Return `new` if a task may go from `old` to it; raise IllegalTransition otherwise.
+
+    Staying in the same state is allowed (a repeated report is not an error).
+    """
+    if not can_transition(old, new):
+        allowed = ", ".join(sorted(s.value for s in TRANSITIONS[old])) or "none: it is final"
+        raise IllegalTransition(
+            f"a task cannot go from {old.value} to {new.value} (allowed: {allowed})"
+        )
+    return new
+
+
+class PoolKind(enum.StrEnum):
+    HOST = "host"
+    SLURM = "slurm"
+    PBS = "pbs"
+    LSF = "lsf"
+
+    @property
+    def queueing(self) -> bool:
+        """Has a scheduler queue of its own (Slurm, PBS, LSF) rather than fixed slots."""
+        return self is not PoolKind.HOST
+
+
+@dataclass(frozen=True)
+class Profile:
+    """The allocation a compute resource names, and the pools that may serve it, in order.
+
+    GPUs are whole (`gpus`), a fraction of one (`gpu_fraction`, down to 1/8), or an amount
+    of GPU memory (`gpu_memory_mb`); at most one of the three is set.
+    """
+
+    pools: tuple[str, ...]
+    gpus: int = 0
+    gpu_fraction: float | None = None
+    gpu_memory_mb: int | None = None
+    cpus: int = 1
+    memory_mb: int = 1024
+    walltime_s: int = 3600
+
+    @property
+    def gpu_share(self) -> float:
+        """GPUs counted as a number, a fraction included (memory-sized requests count 0)."""
+        return self.gpu_fraction if self.gpu_fraction is not None else float(self.gpus)
+
+
+@dataclass(frozen=True)
+class ComputeResource:
+    name: str
+    profile: Profile
+    description: str = ""
+    extra_directives: tuple[str, ...] = ()
+    skip_directives: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class UserMap:
+    """Klique user -> Linux account on a pool; `default` serves unmapped users if set."""
+
+    accounts: dict[str, str] = field(default_factory=dict)
+    default: str | None = None
+
+    def account_for(self, user: str) -> str | None:
+        return self.accounts.get(user, self.default)
+
+
+@dataclass(frozen=True)
+class Pool:
+    """Nodes in one place. `settings` holds the kind's own options (partition, queue, ...)."""
+
+    name: str
+    kind: PoolKind
+    user_map: UserMap = field(default_factory=UserMap)
+    slots: int = 1  # host pools: concurrent tasks
+    gpus: int = 0  # host pools: GPUs on the host
+    gpu_memory_mb: int = 0  # host pools: memory of one GPU (for memory-sized requests)
+    max_queued: int = 100  # queueing pools: most tasks Klique keeps in the pool's queue
+    max_wait_s: int | None = None  # queueing pools: spill to the next pool after this
+    template: str | None = None
+    extra_directives: tuple[str, ...] = ()
+    skip_directives: tuple[str, ...] = ()
+    settings: dict[str, object] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Policy:
+    """Which compute resources a team may use, with a reservation, a limit and a priority.
+
+    `reservation` and `limit` count units of each compute resource (4 means 4 x "1-gpu").
+    """
+
+    team: str
+    resources: tuple[str, ...]
+    reservation: dict[str, int] = field(default_factory=dict)
+    limit: dict[str, int] = field(default_factory=dict)
+    priority: int = 0
+
+
+@dataclass(frozen=True)
+class Team:
+    name: str
+    users: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Estate:
+    """Everything the platform team declares: the validated content of the estate file."""
+
+    resources: dict[str, ComputeResource]
+    pools: dict[str, Pool]
+    policies: dict[str, Policy]
+    teams: dict[str, Team]
+    default_resource: str | None = None
+    fair_share_half_life_s: float = 7 * 24 * 3600.0
+    source: str = "<built-in>"
+
+    def team_of(self, user: str) -> str | None:
+        for team in self.teams.values():
+            if user in team.users:
+                return team.name
+        return None
+
+    def permitted(self, team: str | None, resource: str) -> bool:
+        """With no policies at all, everyone may use everything (the embedded default)."""
+        if not self.policies:
+            return True
+        policy = self.policies.get(team or "")
+        return policy is not None and resource in policy.resources
+
+
+@dataclass(frozen=True)
+class CodeSpec:
+    """The code a task runs: a repository at a commit plus the uncommitted diff, or a folder."""
+
+    repo: str | None = None
+    commit: str | None = None
+    diff: str = ""
+    workdir: str | None = None  # a folder on the node to run in, instead of a clone
+    subdir: str = ""  # where in the repository the user was when submitting
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """What a user asks for. Free text lives here and travels in task.json, never in a script."""
+
+    command: tuple[str, ...]
+    resource: str
+    name: str = ""
+    project: str = "default"
+    env: dict[str, str] = field(default_factory=dict)
+    code: CodeSpec | None = None
+    requirements: tuple[str, ...] = ()
+    image: str | None = None
+
+
+@dataclass(frozen=True)
+class Task:
+    """One tracked run, as the store holds it."""
+
+    id: int
+    spec: TaskSpec
+    owner: str
+    team: str | None
+    state: TaskState
+    reason: str = ""
+    pool: str | None = None
+    native_id: str | None = None
+    job_dir: str | None = None
+    exit_code: int | None = None
+    gpus: float = 0.0
+    borrowed: bool = False
+    skip_pools: frozenset[str] = frozenset()
+    attempts: int = 0
+    report_token: str = ""
+    created_at: float = 0.0
+    queued_at: float | None = None
+    submitted_at: float | None = None
+    started_at: float | None = None
+    finished_at: float | None = None
+
+    @property
+    def tag(self) -> str:
+        """The job name every pool job of this task carries."""
+        return f"klique-{self.id}"
+
+    @property
+    def resource(self) -> str:
+        return self.spec.resource
+
+
+def spec_to_dict(spec: TaskSpec) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    return asdict(spec)
+
+
+def spec_from_dict(data: dict[str, Any]) -> TaskSpec:
+    code = data.get("code")
+    fields = {k: v for k, v in data.items() if k in TaskSpec.__dataclass_fields__}
+    fields["command"] = tuple(data["command"])
+    fields["requirements"] = tuple(data.get("requirements") or ())
+    fields["code"] = CodeSpec(**code) if isinstance(code, dict) else None
+    return TaskSpec(**fields)

@@ -1,0 +1,379 @@
+"""The batch driver: owns the flow for Slurm, PBS and LSF. A scheduler module supplies argv
+builders, output parsers and a state table; this class renders, submits as the mapped
+account, tags, polls with one query per cycle, reads exit files and reconciles.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import time
+from abc import abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from broker.domain import Pool, Profile, Task, TaskState
+from broker.errors import KliqueError, NotPermitted, SubmitError, SubmitUnknown, TransportError
+from broker.pools.base import Context, Observation, PoolDriver, Submission, observation_from_exit
+from broker.scheduler.placement import PoolState
+from broker.templates import render, safe_directive, template_name
+from broker.transport import Transport, check_account, make_transport
+
+log = logging.getLogger("klique.pools")
+
+_MAX_BACKOFF = 8
+
+
+@dataclass(frozen=True)
+class NativeStatus:
+    """One job as the scheduler's status command shows it."""
+
+    native_id: str
+    name: str
+    state: str
+    reason: str = ""
+    exit_code: int | None = None
+
+
+@dataclass(frozen=True)
+class Capacity:
+    free_gpus: float = 0.0
+    free_cpus: int | None = None
+
+
+class BatchDriver(PoolDriver):
+    """A pool behind a batch scheduler. Subclasses fill in the hooks below."""
+
+    kind: ClassVar[str]
+    STATES: ClassVar[Mapping[str, TaskState]]
+    REASONS: ClassVar[Mapping[str, str]] = {}
+
+    def __init__(self, pool: Pool, context: Context, transport: Transport | None = None) -> None:
+        super().__init__(pool, context)
+        self.transport = transport or make_transport(pool)
+        self.job_root = str(pool.settings.get("job_root"))
+        self.python = str(pool.settings.get("python") or "python3")
+        self.interval_s = float(pool.settings.get("poll_interval") or 10)  # type: ignore[arg-type]
+        self.lost_after_s = float(pool.settings.get("lost_after") or 120)  # type: ignore[arg-type]
+        self._backoff = 1
+        self._next_poll = 0.0
+        self._last: dict[str, NativeStatus] = {}
+        self._missing_since: dict[int, float] = {}
+        self._capacity = Capacity()
+        self._capacity_error = ""
+        self.status_calls = 0
+
+    # Hooks a scheduler module supplies.
+
+    @abstractmethod
+    def directives(self, task: Task, profile: Profile, job_dir: str) -> list[str]:
+        """The scheduler directives for this task, tagged with its id."""
+
+    @abstractmethod
+    def submit_argv(self, script: str) -> list[str]: ...
+
+    @abstractmethod
+    def parse_submit(self, stdout: str) -> str:
+        """The native job id from the submit command's output."""
+
+    @abstractmethod
+    def status_argv(self, accounts: Sequence[str]) -> list[str]:
+        """One command that shows all of Klique's jobs in this pool, finished ones included."""
+
+    @abstractmethod
+    def parse_status(self, stdout: str) -> list[NativeStatus]: ...
+
+    @abstractmethod
+    def cancel_argv(self, native_id: str) -> list[str]: ...
+
+    def capacity_argv(self) -> list[str] | None:
+        return None
+
+    def parse_capacity(self, stdout: str) -> Capacity:
+        return Capacity()
+
+    def test_only_argv(self, script: str) -> list[str] | None:
+        """Validate a script without queueing it (None: the scheduler cannot)."""
+        return None
+
+    def history_argv(self, native_ids: Sequence[str]) -> list[str] | None:
+        """The scheduler's accounting for jobs that left the queue (None: it has none)."""
+        return None
+
+    def parse_history(self, stdout: str) -> list[NativeStatus]:
+        return []
+
+    # The flow.
+
+    def account(self, task: Task) -> str:
+        account = self.pool.user_map.account_for(task.owner)
+        if account is None:
+            raise NotPermitted(
+                f"user {task.owner!r} is not in pool {self.pool.name!r}'s user_map and it has "
+                "no default; fix: map the user to a Linux account in the estate"
+            )
+        check_account(account)
+        return account
+
+    def query_account(self) -> str:
+        """The account that runs status and capacity queries (they need no particular one)."""
+        configured = self.pool.settings.get("query_account")
+        if configured:
+            return str(configured)
+        accounts = list(self.pool.user_map.accounts.values())
+        return accounts[0] if accounts else str(self.pool.user_map.default)
+
+    def job_dir(self, task: Task) -> str:
+        return f"{self.job_root.rstrip('/')}/{task.tag}"
+
+    def render(self, task: Task, job_dir: str | None = None) -> str:
+        job_dir = job_dir or self.job_dir(task)
+        resource = self.context.estate.resources[task.resource]
+        skip = set(self.pool.skip_directives) | set(resource.skip_directives)
+        directives = [
+            *self.directives(task, resource.profile, job_dir),
+            *self.pool.extra_directives,
+            *resource.extra_directives,
+        ]
+        kept = [
+            safe_directive(d, f"pool {self.pool.name} / compute resource {resource.name}")
+            for d in directives
+            if d.split("=", 1)[0].split(" ", 1)[0] not in skip and d not in skip
+        ]
+        profile = resource.profile
+        context: dict[str, Any] = {
+            "task_id": task.id,
+            "tag": task.tag,
+            "owner": task.owner,
+            "account": self.pool.user_map.account_for(task.owner) or "",
+            "project": task.spec.project,
+            "resource": resource.name,
+            "pool": self.pool.name,
+            "directives": kept,
+            "gpus": profile.gpus,
+            "cpus": profile.cpus,
+            "memory_mb": profile.memory_mb,
+            "walltime_s": profile.walltime_s,
+            "job_dir": job_dir,
+            "python": self.python,
+        }
+        name = template_name(self.kind, resource.name, self.pool.template)
+        return render(name, context)
+
+    async def submit(self, task: Task) -> Submission:
+        account = self.account(task)
+        job_dir = self.job_dir(task)
+        script = self.render(task, job_dir)
+        files = {
+            "task.json": _json_bytes(self.task_document(task)),
+            "klique-runner.pyz": self.context.runner.read_bytes(),
+            "job.sh": script.encode(),
+        }
+        await self.transport.make_dir(job_dir, account=account)
+        for name, data in files.items():
+            await self.transport.write_file(
+                f"{job_dir}/{name}",
+                data,
+                account=account,
+                mode=0o755 if name == "job.sh" else 0o644,
+            )
+        try:
+            done = await self.transport.run(
+                self.submit_argv(f"{job_dir}/job.sh"), account=account, timeout=60
+            )
+        except TransportError as exc:
+            raise SubmitUnknown(f"the submit command's outcome is unknown: {exc}") from exc
+        if done.returncode != 0:
+            raise SubmitError((done.stderr or done.stdout).strip() or f"exit {done.returncode}")
+        return Submission(native_id=self.parse_submit(done.stdout), job_dir=job_dir)
+
+    async def cancel(self, task: Task) -> None:
+        if not task.native_id:
+            return
+        done = await self.transport.run(
+            self.cancel_argv(task.native_id), account=self.account(task), timeout=60
+        )
+        if done.returncode != 0:
+            log.warning(
+                "pool %s: cancel of %s: %s", self.pool.name, task.native_id, done.stderr.strip()
+            )
+
+    async def capacity(self, active: Sequence[Task]) -> PoolState:
+        waiting = sum(1 for t in active if t.state is not TaskState.RUNNING)
+        return PoolState(
+            self.pool.name,
+            free_gpus=self._capacity.free_gpus,
+            free_cpus=self._capacity.free_cpus,
+            queued=waiting,
+            reachable=not self._capacity_error,
+            reason=self._capacity_error,
+        )
+
+    async def poll(self, tasks: Sequence[Task]) -> dict[int, Observation]:
+        """One status query for all of the pool's jobs, at the pool's interval with jitter."""
+        now = time.monotonic()
+        if now < self._next_poll:
+            return {}
+        accounts = sorted({a for t in tasks if (a := self._account_or_none(t))})
+        try:
+            listing = await self._status(accounts or [self.query_account()])
+            await self._refresh_capacity()
+        except KliqueError as exc:
+            self._backoff = min(self._backoff * 2, _MAX_BACKOFF)
+            self._capacity_error = f"status query failed: {exc}"
+            self._schedule_next(now)
+            raise
+        self._backoff = 1
+        self._capacity_error = ""
+        self._schedule_next(now)
+        self._last = {s.native_id: s for s in listing}
+        return await self._observe(tasks)
+
+    def _schedule_next(self, now: float) -> None:
+        interval = self.interval_s * self._backoff
+        self._next_poll = now + interval * random.uniform(0.9, 1.1)
+
+    def _account_or_none(self, task: Task) -> str | None:
+        return self.pool.user_map.account_for(task.owner)
+
+    async def _status(self, accounts: Sequence[str]) -> list[NativeStatus]:
+        self.status_calls += 1
+        done = await self.transport.run(
+            self.status_argv(accounts),
+            account=self.query_account(),
+            timeout=max(30.0, self.interval_s),
+        )
+        if done.returncode != 0:
+            raise TransportError(done.stderr.strip() or f"exit {done.returncode}")
+        return self.parse_status(done.stdout)
+
+    async def _refresh_capacity(self) -> None:
+        argv = self.capacity_argv()
+        if argv is None:
+            return
+        done = await self.transport.run(argv, account=self.query_account(), timeout=30)
+        if done.returncode == 0:
+            self._capacity = self.parse_capacity(done.stdout)
+
+    async def _observe(self, tasks: Sequence[Task]) -> dict[int, Observation]:
+        news: dict[int, Observation] = {}
+        gone: list[Task] = []
+        for task in tasks:
+            status = self._last.get(task.native_id or "")
+            if status is None:
+                gone.append(task)
+                continue
+            self._missing_since.pop(task.id, None)
+            seen = await self._from_status(task, status)
+            if seen is not None and seen.state != task.state:
+                news[task.id] = seen
+        if gone:
+            news.update(await self._settle(gone))
+        return news
+
+    async def _from_status(self, task: Task, status: NativeStatus) -> Observation | None:
+        state = self.STATES.get(status.state)
+        if state is None:
+            log.warning(
+                "pool %s: unknown state %r for job %s",
+                self.pool.name,
+                status.state,
+                status.native_id,
+            )
+            return None
+        if not state.final:
+            return Observation(state, self._reason(status))
+        exit_doc = await self._exit_file(task)
+        return self._final(task, status, exit_doc)
+
+    def _final(
+        self, task: Task, status: NativeStatus, exit_doc: Mapping[str, Any] | None
+    ) -> Observation:
+        """The exit file decides, unless the scheduler ended the job (walltime, cancel, node)."""
+        state = self.STATES[status.state]
+        if exit_doc is not None and exit_doc.get("outcome") in (
+            "completed",
+            "failed",
+            "setup_failed",
+        ):
+            return observation_from_exit(exit_doc)
+        code = exit_doc.get("exit_code") if exit_doc else status.exit_code
+        reason = self._reason(status) or f"the scheduler reports {status.state}"
+        if exit_doc is None and state is not TaskState.CANCELLED:
+            reason += f"; the runner wrote no exit file: see the job's output in {task.job_dir}"
+        return Observation(state, reason, code)
+
+    def _reason(self, status: NativeStatus) -> str:
+        base = self.REASONS.get(status.state, "")
+        detail = status.reason if status.reason not in ("", "None") else ""
+        return "; ".join(p for p in (base, detail) if p)
+
+    async def _exit_file(self, task: Task) -> dict[str, Any] | None:
+        if not task.job_dir:
+            return None
+        data = await self.transport.read_file(
+            f"{task.job_dir}/exit.json", account=self._account_or_none(task)
+        )
+        if not data:
+            return None
+        try:
+            doc = json.loads(data)
+        except ValueError:
+            return None
+        return doc if isinstance(doc, dict) else None
+
+    async def _settle(self, gone: Sequence[Task]) -> dict[int, Observation]:
+        """Jobs no longer in the queue: exit file, then accounting, then LOST after a grace."""
+        news: dict[int, Observation] = {}
+        unsettled: list[Task] = []
+        for task in gone:
+            doc = await self._exit_file(task)
+            if doc is not None:
+                self._missing_since.pop(task.id, None)
+                news[task.id] = observation_from_exit(doc)
+            else:
+                unsettled.append(task)
+        history = await self._history([t.native_id for t in unsettled if t.native_id])
+        now = time.monotonic()
+        for task in unsettled:
+            status = history.get(task.native_id or "")
+            state = self.STATES.get(status.state) if status else None
+            if status is not None and state is not None and state.final:
+                self._missing_since.pop(task.id, None)
+                news[task.id] = self._final(task, status, None)
+                continue
+            since = self._missing_since.setdefault(task.id, now)
+            if now - since >= self.lost_after_s:
+                self._missing_since.pop(task.id, None)
+                news[task.id] = Observation(
+                    TaskState.LOST,
+                    f"job {task.native_id} left the queue with no exit file and no accounting "
+                    f"record for {self.lost_after_s:g} s (killed hard, or its node failed)",
+                )
+        return news
+
+    async def _history(self, native_ids: Sequence[str]) -> dict[str, NativeStatus]:
+        argv = self.history_argv(native_ids) if native_ids else None
+        if argv is None:
+            return {}
+        try:
+            done = await self.transport.run(argv, account=self.query_account(), timeout=60)
+        except TransportError:
+            return {}
+        if done.returncode != 0:
+            return {}
+        return {s.native_id: s for s in self.parse_history(done.stdout)}
+
+    async def close(self) -> None:
+        await self.transport.close()
+
+
+def _json_bytes(doc: Mapping[str, Any]) -> bytes:
+    return json.dumps(doc, indent=2).encode()
+
+
+def walltime_hms(seconds: int) -> str:
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours:02d}:{rest // 60:02d}:{rest % 60:02d}"

@@ -1,0 +1,130 @@
+"""The scheduler's inputs and outputs: plain frozen data that the loop fills and reads.
+
+`broker.scheduler.placement` re-exports every name here; import them from there.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from broker.domain import Estate
+
+
+@dataclass(frozen=True)
+class SchedulerSettings:
+    """Knobs for reclaim and starvation; the defaults suit a cycle every few seconds."""
+
+    min_run_s: float = 600.0  # a run younger than this is never preempted
+    grace_s: float = 120.0  # a task waits this long before its reservation preempts anyone
+    max_preemptions_per_cycle: int = 8  # bounds churn when several reservations wake at once
+    starvation_s: float = 3600.0  # a task waiting longer goes first and pins a host pool
+
+
+@dataclass(frozen=True)
+class QueuedTask:
+    """A task waiting in Klique for a pool."""
+
+    id: int
+    owner: str
+    team: str | None
+    resource: str
+    queued_at: float  # when it first entered the queue: age orders ties and starvation
+    skip_pools: frozenset[str] = frozenset()  # pools it was withdrawn from (spill-over)
+
+
+@dataclass(frozen=True)
+class ActiveTask:
+    """A task that holds, or waits for, capacity in a pool."""
+
+    id: int
+    owner: str
+    team: str | None
+    resource: str
+    pool: str
+    running: bool  # False: still waiting in the pool's own queue
+    since: float  # started running, or entered the pool's queue
+    borrowed: bool = False
+    gpus: tuple[int, ...] = ()  # host pools: the GPUs it was given (PlacementDecision.gpus)
+    preempted: bool = False  # asked to stop by a reclaim and not gone yet
+    skip_pools: frozenset[str] = frozenset()  # pools it was withdrawn from before this one
+    native_reason: str = ""  # the pool's own word for why it waits (squeue %r, ...)
+
+
+@dataclass(frozen=True)
+class PoolState:
+    """What a pool reported this cycle.
+
+    Queueing pools: `free_gpus`/`free_cpus`/`free_slots` are what could start now (None: the
+    pool does not count it), and `queued` is how many of Klique's tasks wait in its queue.
+    Host pools: only `reachable` and `reason` are read; Klique counts a host's capacity itself
+    from the estate and the active tasks. A pool with no report this cycle is unreachable.
+    """
+
+    name: str
+    free_slots: int | None = None
+    free_gpus: float = 0.0
+    free_cpus: int | None = None
+    queued: int = 0
+    reachable: bool = True
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class PlacementDecision:
+    task_id: int
+    pool: str
+    borrowed: bool = False  # uses a reservation another team is not using: may be reclaimed
+    gpus: tuple[int, ...] = ()  # host pools: the GPUs to give it (CUDA_VISIBLE_DEVICES)
+
+
+class PendingCode(enum.StrEnum):
+    """Why a task waits, in precedence order: the first that applies is the primary reason."""
+
+    NOT_PERMITTED = "not-permitted"
+    OVER_LIMIT = "over-limit"
+    RECLAIM = "reclaim"
+    NO_CAPACITY = "no-capacity"
+    POOL_QUEUE = "pool-queue"
+
+    @property
+    def sentence(self) -> str:
+        return _SENTENCES[self]
+
+
+_SENTENCES = {
+    PendingCode.NOT_PERMITTED: "the team's policy does not permit this compute resource",
+    PendingCode.OVER_LIMIT: "the team is at its limit for this compute resource",
+    PendingCode.RECLAIM: "borrowed runs are handing back the team's reservation",
+    PendingCode.NO_CAPACITY: "no pool in the profile can start it now",
+    PendingCode.POOL_QUEUE: "pending in the pool's own queue",
+}
+
+
+@dataclass(frozen=True)
+class PendingReason:
+    """Why a task waits: one primary reason, a sentence about this task, a per-pool breakdown."""
+
+    primary: PendingCode
+    detail: str
+    pools: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SchedulerInput:
+    estate: Estate
+    queued: Sequence[QueuedTask]
+    active: Sequence[ActiveTask]
+    pools: Mapping[str, PoolState]
+    usage: Mapping[str, float] = field(default_factory=dict)  # team -> decayed GPU-seconds
+    now: float = 0.0
+    settings: SchedulerSettings = SchedulerSettings()
+
+
+@dataclass(frozen=True)
+class SchedulerOutput:
+    placements: list[PlacementDecision]
+    pending: dict[int, PendingReason]  # queued tasks that stay, and tasks in a pool's own queue
+    withdrawals: list[int] = field(default_factory=list)  # spill-over: cancel in pool, requeue
+    preemptions: list[int] = field(default_factory=list)  # reclaim: stop and requeue

@@ -1,0 +1,102 @@
+"""`klique server`: the API, the scheduler cycle and the pool agents in one process."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import uvicorn
+from fastapi import FastAPI
+
+from broker.api.app import create_app
+from broker.domain import Estate, PoolKind
+from broker.pools.base import Context, PoolDriver
+from broker.pools.host import HostDriver
+from broker.scheduler.loop import Scheduler
+from broker.store.repository import Store
+
+log = logging.getLogger("klique.server")
+
+
+def make_driver(kind: PoolKind) -> type[PoolDriver]:
+    if kind is PoolKind.HOST:
+        return HostDriver
+    if kind is PoolKind.SLURM:
+        from broker.pools.slurm import SlurmDriver
+
+        return SlurmDriver
+    if kind is PoolKind.PBS:
+        from broker.pools.pbs import PbsDriver
+
+        return PbsDriver
+    from broker.pools.lsf import LsfDriver
+
+    return LsfDriver
+
+
+def build_runner(home: Path) -> Path:
+    from inside_job.zipapp import build
+
+    folder = home / "runner"
+    folder.mkdir(parents=True, exist_ok=True)
+    return build(folder / "klique-runner.pyz")
+
+
+def ensure_admin_token(store: Store, home: Path) -> Path | None:
+    """At first start, make an admin token and keep it readable by this account only."""
+    path = home / "admin.token"
+    if store.has_admin():
+        return None
+    token = store.add_token("admin", admin=True)
+    path.write_text(token + "\n")
+    path.chmod(0o600)
+    return path
+
+
+def build_app(
+    estate: Estate, store: Store, home: Path, api_url: str, interval_s: float = 0.5
+) -> FastAPI:
+    context = Context(estate=estate, home=home, runner=build_runner(home), api_url=api_url)
+    drivers = {name: make_driver(p.kind)(p, context) for name, p in estate.pools.items()}
+    scheduler = Scheduler(store, estate, drivers, home, interval_s=interval_s)
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        stop = asyncio.Event()
+        loop_task = asyncio.create_task(scheduler.run(stop))
+        try:
+            yield
+        finally:
+            stop.set()
+            await loop_task
+            for driver in drivers.values():
+                await driver.close()
+            store.close()
+
+    return create_app(scheduler, lifespan=lifespan)
+
+
+def serve(estate: Estate, home: Path, db_url: str, host: str, port: int) -> None:
+    home.mkdir(parents=True, exist_ok=True)
+    store = Store.open(db_url)
+    token_path = ensure_admin_token(store, home)
+    if token_path is not None:
+        print(
+            f"klique: admin token written to {token_path} "
+            f"(run: klique login --token $(cat {token_path}))",
+            flush=True,
+        )
+    api_url = f"http://{host}:{port}"
+    app = build_app(estate, store, home, api_url)
+    (home / "server.json").write_text(
+        json.dumps({"url": api_url, "pid": os.getpid(), "estate": estate.source})
+    )
+    print(
+        f"klique: serving {api_url} (estate {estate.source}, {len(estate.pools)} pools)", flush=True
+    )
+    uvicorn.run(app, host=host, port=port, log_level="warning")

@@ -1,0 +1,335 @@
+"""The store: the only place that issues SQL. SQLite (WAL) by default, PostgreSQL by URL.
+
+Every state change is one transaction that locks the task's row, checks the transition
+against the state machine, writes the new state, its event and the ledger together.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event, func, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from broker.domain import Task, TaskSpec, TaskState, spec_from_dict, spec_to_dict, transition
+from broker.errors import NotFound
+from broker.store.tables import LedgerRow, ScalarRow, TaskEventRow, TaskRow, TokenRow
+
+_STAMPS = {
+    TaskState.QUEUED: "queued_at",
+    TaskState.SUBMITTED: "submitted_at",
+    TaskState.RUNNING: "started_at",
+}
+
+
+def normalise_url(url: str) -> str:
+    """Accept plain `postgresql://` URLs and use the psycopg 3 driver for them."""
+    for prefix in ("postgresql://", "postgres://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg://" + url.removeprefix(prefix)
+    return url
+
+
+def default_url(home: Path) -> str:
+    return f"sqlite:///{home / 'klique.db'}"
+
+
+def _engine(url: str) -> Engine:
+    url = normalise_url(url)
+    if not url.startswith("sqlite"):
+        return create_engine(url, pool_pre_ping=True)
+    engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
+
+    @event.listens_for(engine, "connect")
+    def _pragmas(dbapi_connection: Any, _record: Any) -> None:
+        # pysqlite's own transaction handling would defeat BEGIN IMMEDIATE below.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _begin(conn: Any) -> None:
+        # Take the write lock at the start so two writers never deadlock on upgrade.
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+    return engine
+
+
+def _digest(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+class Store:
+    def __init__(self, url: str) -> None:
+        self.url = normalise_url(url)
+        self.engine = _engine(self.url)
+        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+
+    @classmethod
+    def open(cls, url: str) -> Store:
+        """Open the store and bring its schema up to date."""
+        from broker.store.migrate import upgrade
+
+        store = cls(url)
+        upgrade(store.engine)
+        return store
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    @contextmanager
+    def _tx(self) -> Iterator[Session]:
+        with self._sessions.begin() as session:
+            yield session
+
+    # Tasks
+
+    def create_task(
+        self,
+        spec: TaskSpec,
+        owner: str,
+        team: str | None,
+        *,
+        gpus: float = 0.0,
+        state: TaskState = TaskState.QUEUED,
+        reason: str = "",
+    ) -> Task:
+        now = time.time()
+        row = TaskRow(
+            name=spec.name,
+            owner=owner,
+            team=team,
+            project=spec.project,
+            resource=spec.resource,
+            state=state.value,
+            reason=reason,
+            spec=json.dumps(spec_to_dict(spec)),
+            gpus=gpus,
+            report_token=secrets.token_urlsafe(24),
+            created_at=now,
+            updated_at=now,
+            queued_at=now if state is TaskState.QUEUED else None,
+            finished_at=now if state.final else None,
+        )
+        with self._tx() as session:
+            session.add(row)
+            session.flush()
+            session.add(
+                TaskEventRow(
+                    task_id=row.id,
+                    time=now,
+                    old_state=TaskState.CREATED.value,
+                    new_state=state.value,
+                    reason=reason,
+                )
+            )
+            return _task(row)
+
+    def get(self, task_id: int) -> Task:
+        with self._sessions() as session:
+            row = session.get(TaskRow, task_id)
+            if row is None:
+                raise NotFound(f"no task {task_id}; `klique ls` lists your tasks")
+            return _task(row)
+
+    def tasks(
+        self,
+        *,
+        owner: str | None = None,
+        states: Iterable[TaskState] | None = None,
+        pool: str | None = None,
+        limit: int | None = None,
+        newest_first: bool = False,
+    ) -> list[Task]:
+        query = select(TaskRow)
+        if owner is not None:
+            query = query.where(TaskRow.owner == owner)
+        if states is not None:
+            query = query.where(TaskRow.state.in_([s.value for s in states]))
+        if pool is not None:
+            query = query.where(TaskRow.pool == pool)
+        query = query.order_by(TaskRow.id.desc() if newest_first else TaskRow.id)
+        if limit is not None:
+            query = query.limit(limit)
+        with self._sessions() as session:
+            return [_task(row) for row in session.scalars(query)]
+
+    def change_state(
+        self,
+        task_id: int,
+        new: TaskState,
+        reason: str | None = None,
+        *,
+        only_from: Sequence[TaskState] | None = None,
+        **fields: Any,
+    ) -> Task | None:
+        """Move a task to `new` (checked by the state machine) and set `fields`, atomically.
+
+        With `only_from`, nothing changes (and None is returned) unless the task is in one of
+        those states: callers that race with others (a cancel and a finishing job) use it.
+        """
+        now = time.time()
+        with self._tx() as session:
+            row = session.get(TaskRow, task_id, with_for_update=True)
+            if row is None:
+                raise NotFound(f"no task {task_id}")
+            old = TaskState(row.state)
+            if only_from is not None and old not in only_from:
+                return None
+            transition(old, new)
+            for name, value in fields.items():
+                setattr(row, name, json.dumps(sorted(value)) if name == "skip_pools" else value)
+            if reason is not None:
+                row.reason = reason
+            if old != new:
+                row.state = new.value
+                if new in _STAMPS:
+                    setattr(row, _STAMPS[new], now)
+                if new.final:
+                    row.finished_at = now
+                session.add(
+                    TaskEventRow(
+                        task_id=task_id,
+                        time=now,
+                        old_state=old.value,
+                        new_state=new.value,
+                        reason=row.reason,
+                    )
+                )
+                self._meter(session, row, old, new, now)
+            row.updated_at = now
+            session.flush()
+            return _task(row)
+
+    def update(self, task_id: int, **fields: Any) -> Task:
+        """Set fields other than the state (native id, job dir, reason)."""
+        with self._tx() as session:
+            row = session.get(TaskRow, task_id, with_for_update=True)
+            if row is None:
+                raise NotFound(f"no task {task_id}")
+            for name, value in fields.items():
+                setattr(row, name, value)
+            row.updated_at = time.time()
+            return _task(row)
+
+    def events(self, task_id: int) -> list[dict[str, Any]]:
+        query = (
+            select(TaskEventRow).where(TaskEventRow.task_id == task_id).order_by(TaskEventRow.id)
+        )
+        with self._sessions() as session:
+            return [
+                {"time": e.time, "from": e.old_state, "to": e.new_state, "reason": e.reason}
+                for e in session.scalars(query)
+            ]
+
+    def counts(self) -> dict[str, int]:
+        with self._sessions() as session:
+            rows = session.execute(select(TaskRow.state, func.count()).group_by(TaskRow.state))
+            return {state: n for state, n in rows.tuples()}
+
+    # Metering
+
+    @staticmethod
+    def _meter(session: Session, row: TaskRow, old: TaskState, new: TaskState, now: float) -> None:
+        if new is TaskState.RUNNING:
+            session.add(
+                LedgerRow(
+                    task_id=row.id,
+                    owner=row.owner,
+                    team=row.team,
+                    project=row.project,
+                    resource=row.resource,
+                    pool=row.pool or "",
+                    gpus=row.gpus,
+                    start=now,
+                )
+            )
+        elif old is TaskState.RUNNING:
+            query = select(LedgerRow).where(LedgerRow.task_id == row.id, LedgerRow.end.is_(None))
+            for run in session.scalars(query):
+                run.end = now
+                run.gpu_seconds = run.gpus * (now - run.start)
+
+    def ledger(self, since: float | None = None) -> list[LedgerRow]:
+        query = select(LedgerRow).order_by(LedgerRow.start)
+        if since is not None:
+            query = query.where((LedgerRow.end.is_(None)) | (LedgerRow.end >= since))
+        with self._sessions() as session:
+            return list(session.scalars(query))
+
+    # Scalars
+
+    def add_scalars(self, task_id: int, scalars: Iterable[dict[str, Any]]) -> None:
+        with self._tx() as session:
+            for s in scalars:
+                session.add(
+                    ScalarRow(
+                        task_id=task_id,
+                        name=str(s["name"]),
+                        value=float(s["value"]),
+                        step=s.get("step"),
+                        time=float(s.get("time") or time.time()),
+                    )
+                )
+
+    def scalars(self, task_id: int) -> list[dict[str, Any]]:
+        query = select(ScalarRow).where(ScalarRow.task_id == task_id).order_by(ScalarRow.id)
+        with self._sessions() as session:
+            return [
+                {"name": s.name, "value": s.value, "step": s.step, "time": s.time}
+                for s in session.scalars(query)
+            ]
+
+    # Tokens
+
+    def add_token(self, user: str, *, admin: bool = False) -> str:
+        token = secrets.token_urlsafe(32)
+        with self._tx() as session:
+            session.add(
+                TokenRow(digest=_digest(token), user=user, admin=admin, created_at=time.time())
+            )
+        return token
+
+    def user_for_token(self, token: str) -> tuple[str, bool] | None:
+        with self._sessions() as session:
+            row = session.get(TokenRow, _digest(token))
+            return (row.user, row.admin) if row else None
+
+    def has_admin(self) -> bool:
+        with self._sessions() as session:
+            return bool(session.scalar(select(func.count()).where(TokenRow.admin.is_(True))))
+
+
+def _task(row: TaskRow) -> Task:
+    return Task(
+        id=row.id,
+        spec=spec_from_dict(json.loads(row.spec)),
+        owner=row.owner,
+        team=row.team,
+        state=TaskState(row.state),
+        reason=row.reason,
+        pool=row.pool,
+        native_id=row.native_id,
+        job_dir=row.job_dir,
+        exit_code=row.exit_code,
+        borrowed=row.borrowed,
+        gpus=row.gpus,
+        skip_pools=frozenset(json.loads(row.skip_pools or "[]")),
+        attempts=row.attempts,
+        report_token=row.report_token,
+        created_at=row.created_at,
+        queued_at=row.queued_at,
+        submitted_at=row.submitted_at,
+        started_at=row.started_at,
+        finished_at=row.finished_at,
+    )

@@ -1,0 +1,90 @@
+"""The tables. Schema changes go through an alembic migration in store/migrations/versions."""
+
+from __future__ import annotations
+
+from sqlalchemy import Boolean, Float, ForeignKey, Integer, String, Text
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class TaskRow(Base):
+    __tablename__ = "tasks"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(200), default="")
+    owner: Mapped[str] = mapped_column(String(64), index=True)
+    team: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    project: Mapped[str] = mapped_column(String(200), default="default")
+    resource: Mapped[str] = mapped_column(String(64))
+    state: Mapped[str] = mapped_column(String(16), index=True)
+    reason: Mapped[str] = mapped_column(Text, default="")
+    pool: Mapped[str | None] = mapped_column(String(64), nullable=True, index=True)
+    native_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    job_dir: Mapped[str | None] = mapped_column(Text, nullable=True)
+    spec: Mapped[str] = mapped_column(Text)  # TaskSpec as JSON
+    exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    gpus: Mapped[float] = mapped_column(Float, default=0.0)  # GPUs the profile asks for
+    borrowed: Mapped[bool] = mapped_column(Boolean, default=False)
+    skip_pools: Mapped[str] = mapped_column(Text, default="[]")  # JSON list (spill-over)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    report_token: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[float] = mapped_column(Float)
+    queued_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    submitted_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    started_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    updated_at: Mapped[float] = mapped_column(Float)
+
+
+class TaskEventRow(Base):
+    """Every state change, for `klique show` and for audits."""
+
+    __tablename__ = "task_events"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    task_id: Mapped[int] = mapped_column(ForeignKey("tasks.id"), index=True)
+    time: Mapped[float] = mapped_column(Float)
+    old_state: Mapped[str] = mapped_column(String(16))
+    new_state: Mapped[str] = mapped_column(String(16))
+    reason: Mapped[str] = mapped_column(Text, default="")
+
+
+class TokenRow(Base):
+    __tablename__ = "tokens"
+
+    digest: Mapped[str] = mapped_column(String(64), primary_key=True)  # sha256 of the token
+    user: Mapped[str] = mapped_column(String(64), index=True)
+    admin: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+class ScalarRow(Base):
+    __tablename__ = "scalars"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    task_id: Mapped[int] = mapped_column(ForeignKey("tasks.id"), index=True)
+    name: Mapped[str] = mapped_column(String(200))
+    step: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    value: Mapped[float] = mapped_column(Float)
+    time: Mapped[float] = mapped_column(Float)
+
+
+class LedgerRow(Base):
+    """One run of a task on a pool: who, where, how long, how many GPU-seconds."""
+
+    __tablename__ = "ledger"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    task_id: Mapped[int] = mapped_column(ForeignKey("tasks.id"), index=True)
+    owner: Mapped[str] = mapped_column(String(64))
+    team: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    project: Mapped[str] = mapped_column(String(200))
+    resource: Mapped[str] = mapped_column(String(64))
+    pool: Mapped[str] = mapped_column(String(64))
+    gpus: Mapped[float] = mapped_column(Float)
+    start: Mapped[float] = mapped_column(Float, index=True)
+    end: Mapped[float | None] = mapped_column(Float, nullable=True)
+    gpu_seconds: Mapped[float] = mapped_column(Float, default=0.0)

@@ -1,0 +1,385 @@
+"""Run argv as a pool's mapped Linux account: on this host (runuser or sudo) or over SSH with one
+pooled connection per (host, port, account). The only place in the broker that runs processes."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import pwd
+import re
+import shlex
+import signal
+import socket
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import asyncssh
+
+from broker.domain import Pool
+from broker.errors import CommandFailed, NotPermitted, TransportError
+
+# POSIX portable user names (at most 32 characters, as shadow-utils allows).
+_ACCOUNT = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# The broker's own environment (database URLs, tokens) must not reach users' commands.
+_PASSED_ENV = ("PATH", "LANG", "LC_ALL", "TZ", "SLURM_CONF", "PBS_CONF_FILE", "LSF_ENVDIR")
+# A file's content and mode reach the shell as data ("$1", "$2"), never as script text.
+_WRITE = (
+    'set -e; tmp=$(mktemp "$1.XXXXXX"); trap \'rm -f "$tmp"\' EXIT; '
+    'cat >"$tmp"; chmod "$2" "$tmp"; mv -f "$tmp" "$1"; trap - EXIT'
+)
+_READ = 'test -e "$1" || exit 3; exec tail -c +"$2" -- "$1"'
+_MISSING = 3
+_Env = Mapping[str, str] | None
+
+
+@dataclass(frozen=True)
+class Completed:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def check_account(account: str) -> None:
+    """Refuse an account Klique must not run as on this host."""
+    host = socket.gethostname()
+    _check_name(account)
+    try:
+        entry = pwd.getpwnam(account)
+    except KeyError:
+        raise NotPermitted(
+            f"Linux account '{account}' does not exist on {host}; "
+            "map the user to an existing account in the estate's user_map"
+        ) from None
+    if entry.pw_uid == 0:
+        raise NotPermitted(_root_refusal(account, host))
+
+
+def make_transport(pool: Pool) -> Transport:
+    """The transport a batch pool's estate entry names: `transport: {kind: local|ssh, ...}`."""
+    conf = pool.settings.get("transport")
+    if not isinstance(conf, Mapping) or conf.get("kind", "local") == "local":
+        return LocalTransport()
+    mapped = [*pool.user_map.accounts.values(), pool.user_map.default]
+    query = pool.settings.get("query_account") or next((a for a in mapped if a), None)
+    return SSHTransport(
+        str(conf.get("host", "127.0.0.1")),
+        int(conf.get("port", 22)),
+        known_hosts=str(conf.get("known_hosts")),
+        client_keys=[str(key) for key in conf.get("client_keys") or ()],
+        default_account=None if query is None else str(query),
+    )
+
+
+def _check_name(account: str) -> None:
+    if not _ACCOUNT.fullmatch(account):
+        raise NotPermitted(
+            f"{account!r} is not a valid Linux account name (letters, digits, '_', '.', '-'; "
+            "at most 32; not starting with a digit or '-'); fix the estate's user_map"
+        )
+
+
+def _root_refusal(account: str, host: str) -> str:
+    return (
+        f"Linux account '{account}' resolves to uid 0 (root) on {host}; Klique never submits "
+        "as root: map the user to an ordinary account in the estate's user_map"
+    )
+
+
+def _shown(argv: Sequence[str]) -> str:
+    text = shlex.join(argv)
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+def _timed_out(argv: Sequence[str], account: str, host: str, timeout: float) -> TransportError:
+    return TransportError(
+        f"`{_shown(argv)}` as {account} on {host} did not finish within {timeout:g} s; killed"
+    )
+
+
+def _with_env(argv: Sequence[str], env: _Env) -> list[str]:
+    """argv behind `env`, which sets the variables and exits 127/126 like a shell when the
+    program is missing or not executable."""
+    if not argv:
+        raise TransportError("an empty command cannot be run")
+    bad = [name for name in env or () if not _ENV_NAME.fullmatch(name)]
+    if bad:
+        raise TransportError(f"invalid environment variable names {bad!r} for `{_shown(argv)}`")
+    if "=" in argv[0]:
+        raise TransportError(f"a program name containing '=' cannot be run: {argv[0]!r}")
+    return ["env", "--", *(f"{k}={v}" for k, v in (env or {}).items()), *argv]
+
+
+def _absolute(path: str) -> str:
+    if not path.startswith("/"):
+        raise TransportError(f"path {path!r} must be absolute")
+    return path
+
+
+class Transport(ABC):
+    """Runs argv as an account and moves files as that account; subclasses say where."""
+
+    host: str
+    default_account: str | None = None  # for reading files when no account is named
+
+    async def run(
+        self,
+        argv: Sequence[str],
+        *,
+        account: str,
+        stdin: bytes | None = None,
+        timeout: float = 60.0,
+        env: Mapping[str, str] | None = None,
+    ) -> Completed:
+        raw = await self._exec(argv, account, stdin, timeout, env)
+        return Completed(raw.returncode, raw.out.decode(errors="replace"), raw.err)
+
+    async def write_file(self, path: str, data: bytes, *, account: str, mode: int = 0o644) -> None:
+        """Write atomically (a temporary name in the same folder, then rename), owned by account."""
+        argv = ["sh", "-c", _WRITE, "sh", _absolute(path), f"{mode:o}"]
+        done = await self.run(argv, account=account, stdin=data)
+        if done.returncode:
+            raise CommandFailed(
+                f"could not write {path} as {account} on {self.host}: {done.stderr.strip()}"
+            )
+
+    async def make_dir(self, path: str, *, account: str) -> None:
+        done = await self.run(["mkdir", "-p", "--", _absolute(path)], account=account)
+        if done.returncode:
+            raise CommandFailed(
+                f"could not make {path} as {account} on {self.host}: {done.stderr.strip()}"
+            )
+
+    async def read_file(
+        self, path: str, *, account: str | None = None, offset: int = 0
+    ) -> bytes | None:
+        """The file's bytes from offset on; None when it is missing (or hidden from account)."""
+        account = account or self.default_account
+        if account is None:
+            raise TransportError(f"reading {path} on {self.host} needs an account")
+        argv = ["sh", "-c", _READ, "sh", _absolute(path), str(offset + 1)]
+        done = await self._exec(argv, account, None, 60.0, None)
+        if done.returncode == _MISSING:
+            return None
+        if done.returncode:
+            raise TransportError(f"could not read {path} as {account} on {self.host}: {done.err}")
+        return done.out
+
+    async def close(self) -> None:
+        return None
+
+    @abstractmethod
+    async def _exec(
+        self, argv: Sequence[str], account: str, stdin: bytes | None, timeout: float, env: _Env
+    ) -> _Raw: ...
+
+
+@dataclass(frozen=True)
+class _Raw:
+    returncode: int
+    out: bytes
+    err: str
+
+
+class LocalTransport(Transport):
+    """This host: directly as the current user, through runuser as root, else sudo -n."""
+
+    def __init__(self) -> None:
+        self.host = socket.gethostname()
+
+    async def read_file(
+        self, path: str, *, account: str | None = None, offset: int = 0
+    ) -> bytes | None:
+        if account is not None:
+            return await super().read_file(path, account=account, offset=offset)
+        return await asyncio.to_thread(_read_own, _absolute(path), offset)
+
+    def _as_account(self, account: str) -> list[str]:
+        check_account(account)
+        if pwd.getpwuid(os.geteuid()).pw_name == account:
+            return []
+        if os.geteuid() == 0:
+            return ["runuser", "-u", account, "--"]
+        return ["sudo", "-n", "-u", account, "--"]
+
+    async def _exec(
+        self, argv: Sequence[str], account: str, stdin: bytes | None, timeout: float, env: _Env
+    ) -> _Raw:
+        full = [*self._as_account(account), *_with_env(argv, env)]
+        home = pwd.getpwnam(account).pw_dir
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *full,
+                stdin=asyncio.subprocess.DEVNULL if stdin is None else asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                env={k: os.environ[k] for k in _PASSED_ENV if k in os.environ},
+                cwd=home if os.path.isdir(home) else "/",
+                start_new_session=True,  # so a timeout can kill the whole process group
+            )
+        except OSError as exc:
+            raise TransportError(f"cannot run `{_shown(full)}` on {self.host}: {exc}") from exc
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(stdin), timeout)
+        except TimeoutError:
+            await _kill_group(proc)
+            raise _timed_out(argv, account, self.host, timeout) from None
+        assert proc.returncode is not None
+        return _Raw(proc.returncode, out, err.decode(errors="replace"))
+
+
+async def _kill_group(proc: asyncio.subprocess.Process) -> None:
+    # Root kills the group at once (runuser lingers 2 s after a SIGTERM). A broker without root
+    # sends SIGTERM first: sudo relays it to the command, which the broker cannot signal itself.
+    signals = (signal.SIGKILL,) if os.geteuid() == 0 else (signal.SIGTERM, signal.SIGKILL)
+    for sig in signals:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(proc.wait(), 2.0)
+            return
+
+
+def _read_own(path: str, offset: int) -> bytes | None:
+    try:
+        with open(path, "rb") as file:
+            file.seek(offset)
+            return file.read()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise TransportError(f"could not read {path}: {exc.strerror}") from exc
+
+
+class SSHTransport(Transport):
+    """A login node over SSH; host keys are always checked against known_hosts."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int = 22,
+        *,
+        known_hosts: str,
+        client_keys: Sequence[str] = (),
+        default_account: str | None = None,
+        connect_timeout: float = 15.0,
+        max_sessions: int = 8,
+    ) -> None:
+        self.host = f"{host}:{port}"
+        self._address = (host, port)
+        self._known_hosts = known_hosts
+        self._client_keys = list(client_keys)
+        self.default_account = default_account
+        self._connect_timeout = connect_timeout
+        self._max_sessions = max_sessions  # OpenSSH allows 10 sessions per connection by default
+        self._conns: dict[str, asyncssh.SSHClientConnection] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._slots: dict[str, asyncio.Semaphore] = {}
+        self.connections_opened = 0
+
+    async def close(self) -> None:
+        conns, self._conns = list(self._conns.values()), {}
+        for conn in conns:
+            conn.close()
+        for conn in conns:
+            await conn.wait_closed()
+
+    async def _exec(
+        self, argv: Sequence[str], account: str, stdin: bytes | None, timeout: float, env: _Env
+    ) -> _Raw:
+        # exec: the login shell gives way to the program, so a signal reaches the program.
+        command = "exec " + shlex.join(_with_env(argv, env))
+        async with self._slots.setdefault(account, asyncio.Semaphore(self._max_sessions)):
+            conn = await self._connection(account)
+            try:
+                proc = await conn.create_process(command, encoding=None)
+            except (OSError, asyncssh.Error) as exc:
+                self._conns.pop(account, None)  # the next call opens a fresh connection
+                raise TransportError(
+                    f"could not start `{_shown(argv)}` as {account} on {self.host}: {_reason(exc)}"
+                ) from exc
+            with contextlib.suppress(BrokenPipeError):  # it has exited or closed its stdin
+                if stdin:
+                    proc.stdin.write(stdin)
+                proc.stdin.write_eof()
+            try:
+                out, err = await asyncio.wait_for(proc.communicate(), timeout)
+            except TimeoutError:
+                with contextlib.suppress(OSError, asyncssh.Error):
+                    proc.send_signal("KILL")
+                proc.close()
+                raise _timed_out(argv, account, self.host, timeout) from None
+            except (OSError, asyncssh.Error) as exc:
+                raise self._lost(argv, account) from exc
+        if proc.returncode is None:  # the connection ended before the command did
+            raise self._lost(argv, account)
+        return _Raw(proc.returncode, bytes(out), bytes(err).decode(errors="replace"))
+
+    def _lost(self, argv: Sequence[str], account: str) -> TransportError:
+        self._conns.pop(account, None)
+        return TransportError(
+            f"lost {self.host} while running `{_shown(argv)}` as {account}; it may or may not "
+            "have run"
+        )
+
+    async def _connection(self, account: str) -> asyncssh.SSHClientConnection:
+        async with self._locks.setdefault(account, asyncio.Lock()):
+            conn = self._conns.get(account)
+            if conn is None or conn.is_closed():
+                conn = self._conns[account] = await self._connect(account)
+            return conn
+
+    async def _connect(self, account: str) -> asyncssh.SSHClientConnection:
+        _check_name(account)
+        if account == "root":
+            raise NotPermitted(_root_refusal(account, self.host))
+        if not os.path.isfile(self._known_hosts):
+            raise TransportError(
+                f"known_hosts file {self._known_hosts} does not exist; put {self.host}'s host key "
+                "there (ssh-keyscan, checked by hand) before Klique connects"
+            )
+        options = {
+            "known_hosts": self._known_hosts,
+            "client_keys": self._client_keys or (),
+            "keepalive_interval": 15,  # notice a login node that went away while idle
+        }
+        try:
+            async with asyncio.timeout(self._connect_timeout):
+                conn = await asyncssh.connect(
+                    *self._address, username=account, config=[], agent_path=None, **options
+                )
+        except TimeoutError:
+            raise TransportError(
+                f"connecting to {self.host} as {account} timed out after "
+                f"{self._connect_timeout:g} s"
+            ) from None
+        except asyncssh.HostKeyNotVerifiable as exc:
+            raise TransportError(
+                f"refusing {self.host}: its host key is not trusted by {self._known_hosts} "
+                f"({exc.reason}); add the right key there"
+            ) from exc
+        except asyncssh.PermissionDenied as exc:
+            raise TransportError(
+                f"{self.host} refused the login as '{account}' ({exc.reason}); check that the "
+                "account exists there and that Klique's client key is authorized for it"
+            ) from exc
+        except (OSError, asyncssh.Error) as exc:
+            raise TransportError(f"cannot reach {self.host} over SSH: {_reason(exc)}") from exc
+        self.connections_opened += 1
+        try:
+            uid = await asyncio.wait_for(conn.run("id -u"), self._connect_timeout)
+        except (TimeoutError, OSError, asyncssh.Error) as exc:
+            conn.close()
+            raise TransportError(f"`id -u` as {account} failed on {self.host}: {exc!r}") from exc
+        if str(uid.stdout).strip() == "0":
+            conn.close()
+            raise NotPermitted(_root_refusal(account, self.host))
+        return conn
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, asyncssh.Error):
+        return exc.reason
+    return str(exc) or type(exc).__name__

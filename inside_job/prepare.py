@@ -1,0 +1,85 @@
+"""Everything between task.json and starting the command: code, environment, GPUs, image."""
+
+from __future__ import annotations
+
+import os
+
+from inside_job import gpus
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from inside_job.jobfiles import Console
+    from inside_job.locks import FileLock
+    from inside_job.spec import TaskSpec
+
+# Where the inside_job package is importable from: the zipapp, or the folder holding the package.
+RUNNER_PATH = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class Prepared:
+    """What to start, with which environment, where; and the environment's in-use lock."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], cwd: str) -> None:
+        self.argv = argv
+        self.env = env
+        self.cwd = cwd
+        self.env_lock: FileLock | None = None
+        self.env_info: dict | None = None
+        self.cleanup: list[list[str]] = []  # commands to run once the task has ended
+
+
+def prepare(spec: TaskSpec, console: Console) -> Prepared:
+    cwd = _code(spec, console)
+    venv = None
+    prepared = Prepared(list(spec.command), {}, cwd)
+    if spec.requirements is not None or spec.requirements_file:
+        from inside_job import envbuild
+
+        handle = envbuild.provide(spec, cwd, console)
+        venv, prepared.env_lock, prepared.env_info = handle.path, handle.lock, handle.report()
+    runtime = _runtime(spec)
+    granted = gpus.granted(spec.scheduler, spec.gpus, dict(os.environ))
+    prepared.env = task_environment(spec, venv, granted, runtime)
+    if runtime is not None and runtime != "pyxis":
+        from inside_job import container
+
+        container.wrap(spec, runtime, prepared)
+    return prepared
+
+
+def task_environment(
+    spec: TaskSpec, venv: str | None, granted: list[str] | None, runtime: str | None
+) -> dict[str, str]:
+    """The runner's environment, then the task's env, then what Klique guarantees."""
+    env = dict(os.environ)
+    env.update(spec.env)
+    env.pop("PYTHONHOME", None)
+    env["KLIQUE_TASK_ID"] = spec.id
+    env["KLIQUE_JOB_DIR"] = spec.job_dir
+    env["PYTHONUNBUFFERED"] = "1"
+    env["PYTHONPATH"] = _join_path(RUNNER_PATH, env.get("PYTHONPATH"))
+    if venv is not None:
+        env["VIRTUAL_ENV"] = venv
+        env["PATH"] = _join_path(os.path.join(venv, "bin"), env.get("PATH", os.defpath))
+    env.update(gpus.task_env(granted, runtime))
+    return env
+
+
+def _code(spec: TaskSpec, console: Console) -> str:
+    if spec.code is None:
+        return spec.job_dir
+    from inside_job import code
+
+    return code.materialise(spec.code, spec.job_dir, spec.cache_dir, console)
+
+
+def _runtime(spec: TaskSpec) -> str | None:
+    if spec.image is None:
+        return None
+    from inside_job import container
+
+    return container.choose_runtime(spec.image, spec.runtime)
+
+
+def _join_path(first: str, rest: str | None) -> str:
+    return f"{first}:{rest}" if rest else first

@@ -1,0 +1,109 @@
+"""One run of a task: status, setup, the command, signals, and the exit file."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+from inside_job import jobfiles, outcome, process
+from inside_job.errors import SetupFailed
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from inside_job.prepare import Prepared
+    from inside_job.reporter import Reporter
+
+
+class Run:
+    """The state of one run, shared with the signal handler."""
+
+    def __init__(self, job_dir: str) -> None:
+        self.job_dir = job_dir
+        self.console = jobfiles.Console(job_dir)
+        self.reporter: Reporter | None = None
+        self.started: float | None = None
+        self.forwarder = process.SignalForwarder(on_stop=self._on_stop)
+
+    def publish(self, state: str, pid: int | None = None) -> None:
+        status = jobfiles.status(state, pid)
+        jobfiles.write_status(self.job_dir, status)
+        if self.reporter is not None:
+            self.reporter.state(status)
+
+    def execute(self) -> dict:
+        """Set up and run the task; returns the exit.json fields (without times)."""
+        try:
+            from inside_job import spec as task_spec
+
+            spec = task_spec.load(self.job_dir)
+            if spec.report is not None:
+                from inside_job.reporter import Reporter
+
+                self.reporter = Reporter(spec.report.url, spec.report.token, spec.id, self.job_dir)
+            self.publish("setting_up")
+            from inside_job.prepare import prepare
+
+            prepared = prepare(spec, self.console)
+            try:
+                return self._run_command(prepared)
+            finally:
+                _clean_up(prepared)
+        except SetupFailed as exc:
+            self.console.say(f"setup failed: {exc.reason}")
+            return outcome.result(exc.exit_code, "setup_failed", exc.reason)
+        except process.Terminated as exc:
+            return outcome.stopped(exc.signum, 128 + exc.signum, self.job_dir)
+
+    def _run_command(self, prepared: Prepared) -> dict:
+        fd = self.console.fd
+        pid = process.spawn(self.forwarder, prepared.argv, prepared.env, prepared.cwd, fd)
+        self.started = time.time()
+        self.publish("running", pid)
+        wait_status = process.wait(pid)
+        res = outcome.classify(wait_status, self.forwarder.stop_signal(), self.job_dir)
+        if prepared.env_info is not None:
+            res["environment"] = prepared.env_info
+        return res
+
+    def _on_stop(self, signum: int) -> None:
+        # Written now in case the scheduler kills the runner before the task has ended.
+        res = outcome.stopped(signum, 128 + signum, self.job_dir)
+        jobfiles.write_exit(self.job_dir, outcome.stamp(res, self.started))
+
+    def finish(self, res: dict) -> int:
+        final = outcome.stamp(res, self.started)
+        jobfiles.write_exit(self.job_dir, final)
+        self.publish("done")
+        if self.reporter is not None:
+            self.reporter.close(final)
+        self.console.close()
+        return int(final["exit_code"])
+
+
+def _clean_up(prepared: Prepared) -> None:
+    if prepared.env_lock is not None:
+        prepared.env_lock.close()
+    if prepared.cleanup:
+        import subprocess
+
+        for argv in prepared.cleanup:
+            subprocess.run(argv, capture_output=True, check=False, stdin=subprocess.DEVNULL)
+
+
+def run(job_dir: str) -> int:
+    """Run the task of job_dir; the return value is the task's exit code (setup failure: 125)."""
+    job_dir = os.path.abspath(job_dir)
+    try:
+        current = Run(job_dir)
+    except OSError as exc:
+        sys.stderr.write(f"klique-runner: cannot use job directory {job_dir}: {exc.strerror}\n")
+        return 125
+    try:
+        res = current.execute()
+    except process.Terminated as exc:
+        res = outcome.stopped(exc.signum, 128 + exc.signum, job_dir)
+    for signum in process.FORWARDED:  # the task is over: nothing may cut the exit file short
+        signal.signal(signum, signal.SIG_IGN)
+    return current.finish(res)

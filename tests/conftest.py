@@ -1,0 +1,187 @@
+"""Shared fixtures: a Klique home, a real server on loopback, the CLI in-process."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from click.testing import CliRunner, Result
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from conftest_services import postgres_url, slurm_cluster, sshd, test_users  # noqa: E402, F401
+
+from broker.cli import main  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+FINAL = {"completed", "failed", "cancelled", "timeout", "lost"}
+
+
+def wait_for(
+    condition: Callable[[], Any],
+    timeout: float = 30.0,
+    what: str = "condition",
+    interval: float = 0.05,
+) -> Any:
+    """Poll until `condition()` is truthy; fail with `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(interval)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Server:
+    url: str
+    home: Path
+    token: str
+    process: subprocess.Popen[bytes]
+
+    def env(self, token: str | None = None) -> dict[str, str]:
+        return {
+            "KLIQUE_API": self.url,
+            "KLIQUE_HOME": str(self.home),
+            "KLIQUE_TOKEN": token or self.token,
+        }
+
+    def cli(self, *args: str, token: str | None = None, cwd: Path | None = None) -> Result:
+        """Run `klique ARGS` in-process against this server."""
+        runner = CliRunner()
+        old = Path.cwd()
+        if cwd is not None:
+            os.chdir(cwd)
+        try:
+            return runner.invoke(main, list(args), env=self.env(token), catch_exceptions=False)
+        finally:
+            os.chdir(old)
+
+    def api(self, token: str | None = None) -> httpx.Client:
+        return httpx.Client(
+            base_url=self.url + "/api/v1",
+            timeout=30,
+            headers={"Authorization": f"Bearer {token or self.token}"},
+        )
+
+    def task(self, task_id: int, token: str | None = None) -> dict[str, Any]:
+        with self.api(token) as api:
+            return api.get(f"/tasks/{task_id}").json()  # type: ignore[no-any-return]
+
+    def wait_state(
+        self,
+        task_id: int,
+        states: set[str] | None = None,
+        timeout: float = 60.0,
+        token: str | None = None,
+    ) -> dict[str, Any]:
+        states = states or FINAL
+        found: dict[str, Any] = {}
+
+        def reached() -> bool:
+            found.update(self.task(task_id, token))
+            return found["state"] in states
+
+        try:
+            wait_for(reached, timeout, f"task {task_id} to reach {sorted(states)}")
+        except AssertionError as exc:
+            log = (self.home / "server.log").read_text()[-3000:]
+            raise AssertionError(f"{exc}; last seen: {found}\nserver log:\n{log}") from None
+        return found
+
+    def make_token(self, user: str) -> str:
+        with self.api() as api:
+            return str(api.post("/tokens", json={"user": user}).json()["token"])
+
+
+def start_server(
+    home: Path, estate: Path | None, extra_env: dict[str, str] | None = None
+) -> Server:
+    home.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    args = [sys.executable, "-m", "broker", "server", "--port", str(port)]
+    if estate is not None:
+        args += ["--estate", str(estate)]
+    env = {**os.environ, "KLIQUE_HOME": str(home), **(extra_env or {})}
+    log = (home / "server.log").open("ab")
+    process = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+    url = f"http://127.0.0.1:{port}"
+
+    def up() -> bool:
+        if process.poll() is not None:
+            raise AssertionError(f"server exited: {(home / 'server.log').read_text()}")
+        try:
+            return httpx.get(url + "/api/v1/health", timeout=1).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    wait_for(up, 60, "the server to answer")
+    token = (home / "admin.token").read_text().strip()
+    return Server(url, home, token, process)
+
+
+def stop_server(server: Server) -> None:
+    server.process.terminate()
+    try:
+        server.process.wait(20)
+    except subprocess.TimeoutExpired:
+        server.process.kill()
+        server.process.wait()
+
+
+@pytest.fixture
+def server_factory(tmp_path: Path) -> Iterator[Callable[..., Server]]:
+    started: list[Server] = []
+
+    def make(estate_text: str | None = None, **extra_env: str) -> Server:
+        home = tmp_path / f"home{len(started)}"
+        estate = None
+        if estate_text is not None:
+            estate = tmp_path / f"estate{len(started)}.yaml"
+            estate.write_text(estate_text)
+        server = start_server(home, estate, extra_env)
+        started.append(server)
+        return server
+
+    yield make
+    for server in started:
+        stop_server(server)
+
+
+HOST_ESTATE = """
+resources:
+  cpu:
+    profile: {cpus: 1, memory: 1G, walltime: 1h, pools: [local]}
+pools:
+  local:
+    kind: host
+    slots: 4
+"""
+
+
+@pytest.fixture
+def host_server(server_factory: Callable[..., Server]) -> Server:
+    return server_factory(HOST_ESTATE)
+
+
+def submitted_id(result: Result) -> int:
+    assert result.exit_code == 0, result.output
+    return int(json.loads(result.output)["id"])

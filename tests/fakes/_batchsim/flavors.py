@@ -1,0 +1,236 @@
+"""What each scheduler does around a running job: its environment, its signals, its notes.
+
+Sources, by flavor:
+  pbspro  PBS Professional Reference Guide: qsub(1B) "ENVIRONMENT VARIABLES", qdel(1B)
+          "Sequence of Events" (SIGTERM, then SIGKILL after kill_delay); job.h
+          JOB_EXEC_KILL_WALLTIME (-29); the MoM's stderr note
+          "=>> PBS: job killed: walltime N exceeded limit M".
+  torque  TORQUE Administrator Guide 6.1, "Job Exit Status" (-11 exceeded walltime,
+          271 = 256 + SIGTERM for a cancelled running job) and "Exported batch
+          environment variables" (PBS_NUM_PPN, PBS_NP, PBS_GPUFILE, ...).
+  lsf     IBM Spectrum LSF 10.1 "Environment variables set for job execution"
+          (LSB_JOBID, LSB_HOSTS, LSB_MCPU_HOSTS, LSB_DJOB_NUMPROC, ...), bkill
+          (SIGINT, SIGTERM, SIGKILL, JOB_TERMINATE_INTERVAL apart), RUNLIMIT
+          (SIGUSR2 then SIGKILL: "TERM_RUNLIMIT ... Exited with exit code 140").
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import time
+
+KILL_SEQUENCE = {
+    ("pbspro", "cancel"): [signal.SIGTERM, signal.SIGKILL],
+    ("pbspro", "walltime"): [signal.SIGTERM, signal.SIGKILL],
+    ("torque", "cancel"): [signal.SIGTERM, signal.SIGKILL],
+    ("torque", "walltime"): [signal.SIGTERM, signal.SIGKILL],
+    ("lsf", "cancel"): [signal.SIGINT, signal.SIGTERM, signal.SIGKILL],
+    ("lsf", "walltime"): [signal.SIGUSR2, signal.SIGKILL],
+}
+
+
+def full_id(job: dict, cfg: dict) -> str:
+    return str(job["id"]) if job["flavor"] == "lsf" else f"{job['id']}.{cfg['server']}"
+
+
+def tmpdir_name(job: dict, cfg: dict) -> str:
+    if job["flavor"] == "lsf":
+        return f"{job['id']}.tmpdir"
+    return f"pbs.{full_id(job, cfg)}" if job["flavor"] == "pbspro" else full_id(job, cfg)
+
+
+def _pbspro_env(job: dict, cfg: dict, files: dict) -> dict:
+    env = {
+        "PBS_JOBID": full_id(job, cfg),
+        "PBS_JOBNAME": job["name"],
+        "PBS_QUEUE": job["queue"],
+        "PBS_NODEFILE": files["nodefile"],
+        "PBS_ENVIRONMENT": "PBS_BATCH",
+        "PBS_JOBDIR": job["home"],
+        "PBS_TASKNUM": "1",
+        "PBS_NODENUM": "0",
+        "PBS_MOMPORT": "15003",
+        "PBS_JOBCOOKIE": os.urandom(16).hex().upper(),
+        "TMPDIR": files["tmpdir"],
+        "NCPUS": str(job["ncpus"]),
+        "OMP_NUM_THREADS": str(job["ncpus"]),
+    }
+    if job.get("account"):
+        env["PBS_ACCOUNT"] = job["account"]
+    return env
+
+
+def _torque_env(job: dict, cfg: dict, files: dict) -> dict:
+    native = job["native"]
+    env = {
+        "PBS_JOBID": full_id(job, cfg),
+        "PBS_JOBNAME": job["name"],
+        "PBS_QUEUE": job["queue"],
+        "PBS_NODEFILE": files["nodefile"],
+        "PBS_GPUFILE": files["gpufile"],
+        "PBS_ENVIRONMENT": "PBS_BATCH",
+        "ENVIRONMENT": "BATCH",
+        "PBS_TASKNUM": "1",
+        "PBS_NODENUM": "0",
+        "PBS_VNODENUM": "0",
+        "PBS_MOMPORT": "15003",
+        "PBS_NUM_NODES": str(native.get("nodes", 1)),
+        "PBS_NUM_PPN": str(native.get("ppn", 1)),
+        "PBS_NP": str(job["ncpus"]),
+        "PBS_SERVER": cfg["server"],
+        "PBS_VERSION": "TORQUE-6.1.3",
+        "PBS_JOBCOOKIE": os.urandom(16).hex().upper(),
+        "TMPDIR": files["tmpdir"],
+    }
+    if job["walltime"] is not None:
+        env["PBS_WALLTIME"] = str(job["walltime"])
+    return env
+
+
+def _lsf_env(job: dict, cfg: dict, files: dict) -> dict:
+    host, slots = cfg["host"], job["ncpus"]
+    env = {
+        "LSB_JOBID": str(job["id"]),
+        "LSB_BATCH_JID": str(job["id"]),
+        "LSB_JOBINDEX": "0",
+        "LSB_JOBNAME": job["name"],
+        "LSB_QUEUE": job["queue"],
+        "LSB_HOSTS": " ".join([host] * slots),
+        "LSB_MCPU_HOSTS": f"{host} {slots}",
+        "LSB_DJOB_NUMPROC": str(slots),
+        "LSB_MAX_NUM_PROCESSORS": str(slots),
+        "LSB_DJOB_HOSTFILE": files["nodefile"],
+        "LSB_EXEC_CLUSTER": cfg["cluster"],
+        "LSB_JOB_EXECUSER": job["owner"],
+        "LSFUSER": job["owner"],
+        "LSB_SUB_HOST": job["submit_host"],
+        "LS_SUBCWD": job["submit_cwd"],
+        "LSB_JOBFILENAME": files["script"],
+        "LSB_UNIXGROUP_INT": job["group"],
+        "TMPDIR": files["tmpdir"],
+    }
+    if job["native"].get("output_file"):
+        env["LSB_OUTPUTFILE"] = job["native"]["output_file"]
+    if job["native"].get("error_file"):
+        env["LSB_ERRORFILE"] = job["native"]["error_file"]
+    if job.get("project"):
+        env["LSB_PROJECT_NAME"] = job["project"]
+    return env
+
+
+def runtime_env(job: dict, cfg: dict, files: dict) -> dict:
+    """Variables the execution host adds when the job starts (GPUs, nodes, scratch)."""
+    env = {"pbspro": _pbspro_env, "torque": _torque_env, "lsf": _lsf_env}[job["flavor"]](
+        job, cfg, files
+    )
+    if job["gpus"]:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in job["gpus"])
+    return env
+
+
+def node_lines(job: dict, cfg: dict) -> list[str]:
+    """$PBS_NODEFILE: one line per MPI rank (PBS Pro: per chunk's mpiprocs, default 1;
+    Torque: per ppn); $LSB_DJOB_HOSTFILE: one line per slot."""
+    count = job["native"].get("mpiprocs", 1) if job["flavor"] == "pbspro" else job["ncpus"]
+    return [cfg["host"]] * max(1, count)
+
+
+def walltime_note(job: dict, now: float) -> str | None:
+    """The line the MoM appends to the job's stderr when it kills it for walltime."""
+    if job["flavor"] == "lsf":
+        return None
+    used = math.ceil(now - (job["launch_time"] or now))
+    return f"=>> PBS: job killed: walltime {used} exceeded limit {job['walltime']}\n"
+
+
+def lsf_report(job: dict, cfg: dict, script_text: str) -> str:
+    """The job report LSF appends to the -o file (or mails) when a job ends."""
+    name, fid = job["name"], job["id"]
+    if job["kill"] == "walltime":
+        outcome = (
+            "TERM_RUNLIMIT: job killed after reaching LSF run time limit.\n"
+            f"Exited with exit code {lsf_exit_code(job)}."
+        )
+    elif job["kill"] == "cancel":
+        outcome = f"TERM_OWNER: job killed by owner.\nExited with exit code {lsf_exit_code(job)}."
+    elif lsf_exit_code(job) == 0:
+        outcome = "Successfully completed."
+    else:
+        outcome = f"Exited with exit code {lsf_exit_code(job)}."
+    status = "Done" if lsf_exit_code(job) == 0 and not job["kill"] else "Exited"
+    lines = [
+        "",
+        "-" * 60,
+        f"Sender: LSF System <lsfadmin@{cfg['host']}>",
+        f"Subject: Job {fid}: <{name}> in cluster <{cfg['cluster']}> {status}",
+        "",
+        f"Job <{name}> was submitted from host <{job['submit_host']}> by user "
+        f"<{job['owner']}> in cluster <{cfg['cluster']}> at {time.ctime(job['submit_time'])}",
+        f"Job was executed on host(s) <{_lsf_exec_hosts(job, cfg)}>, in queue <{job['queue']}>,"
+        f" as user <{job['owner']}> in cluster <{cfg['cluster']}> at "
+        f"{time.ctime(job['launch_time'] or job['submit_time'])}",
+        f"<{job['home']}> was used as the home directory.",
+        f"<{job['workdir']}> was used as the working directory.",
+        f"Started at {time.ctime(job['launch_time'] or job['submit_time'])}",
+        f"Terminated at {time.ctime(job['end_time'])}",
+        f"Results reported at {time.ctime(job['end_time'])}",
+        "",
+        "Your job looked like:",
+        "",
+        "-" * 60,
+        "# LSBATCH: User input",
+        script_text.rstrip("\n"),
+        "-" * 60,
+        "",
+        outcome,
+        "",
+        "Resource usage summary:",
+        "",
+        f"    Run time :                                   "
+        f"{int(job['end_time'] - (job['launch_time'] or job['end_time']))} sec.",
+        f"    Total Requested Memory :                     "
+        f"{str(job['mem_mb']) + ' MB' if job['mem_mb'] else '-'}",
+        "",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _lsf_exec_hosts(job: dict, cfg: dict) -> str:
+    return f"{job['ncpus']}*{cfg['host']}" if job["ncpus"] > 1 else cfg["host"]
+
+
+def lsf_exit_code(job: dict) -> int | None:
+    """EXIT_CODE as bjobs reports it: the exit value, or 128 + the signal that ended it."""
+    if job["signal"]:
+        return 128 + job["signal"]
+    return job["exit_code"]
+
+
+def pbs_exit_status(job: dict) -> int | None:
+    """Exit_status (PBS Pro) / exit_status (Torque) of a finished job.
+
+    A job killed by a signal reports 256 + the signal (271 for SIGTERM); a walltime
+    kill reports JOB_EXEC_KILL_WALLTIME (-29, PBS Pro) or JOB_EXEC_OVERLIMIT_WT (-11,
+    Torque 6); a job deleted before it ran has none.
+    """
+    if job["kill"] == "walltime":
+        return -29 if job["flavor"] == "pbspro" else -11
+    if job["launch_time"] is None and job.get("lost") is None:
+        return None
+    if job.get("lost"):
+        return -3
+    if job["signal"]:
+        return 256 + job["signal"]
+    return job["exit_code"]
+
+
+def owned_files(job: dict, sim_tmp: str, cfg: dict, job_dir: str) -> dict:
+    """Where the execution host writes a job's node file, GPU file, script and TMPDIR."""
+    return {
+        "nodefile": os.path.join(job_dir, "nodefile"),
+        "gpufile": os.path.join(job_dir, "gpufile"),
+        "script": os.path.join(job_dir, "script"),
+        "tmpdir": os.path.join(sim_tmp, tmpdir_name(job, cfg)),
+    }

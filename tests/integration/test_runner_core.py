@@ -1,0 +1,217 @@
+"""The runner end to end with real processes: files, exit codes, outcomes, signals, GPUs."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+from runner_helpers import (
+    console,
+    make_job,
+    read_json,
+    run_runner,
+    start_runner,
+    wait_for,
+)
+
+PY = sys.executable
+TERMINATED = "terminated by SIGTERM (cancelled, preempted or out of walltime)"
+
+
+def test_a_task_runs_and_its_console_status_and_exit_files_are_right(tmp_path):
+    script = (
+        "import os, sys\n"
+        "print('to stdout')\n"
+        "print('to stderr', file=sys.stderr)\n"
+        "print('env', os.environ['GREETING'], os.environ['KLIQUE_TASK_ID'],"
+        " os.environ['KLIQUE_JOB_DIR'] == os.getcwd(), os.environ['PYTHONUNBUFFERED'])\n"
+    )
+    job = make_job(tmp_path, command=[PY, "-c", script], env={"GREETING": "hi there"})
+    result = run_runner(job)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert console(job) == "to stdout\nto stderr\nenv hi there 7 True 1\n"
+    exit_file = read_json(job, "exit.json")
+    assert exit_file["exit_code"] == 0 and exit_file["outcome"] == "completed"
+    assert exit_file["signal"] is None
+    assert exit_file["started"] <= exit_file["finished"]
+    status = read_json(job, "status.json")
+    assert status["state"] == "done" and status["host"] == os.uname().nodename
+
+
+def test_a_failing_command_ends_failed_with_its_exit_code(tmp_path):
+    job = make_job(tmp_path, command=[PY, "-c", "import sys; print('bad'); sys.exit(3)"])
+    result = run_runner(job)
+    assert result.returncode == 3
+    exit_file = read_json(job, "exit.json")
+    assert (exit_file["exit_code"], exit_file["outcome"]) == (3, "failed")
+    assert exit_file["reason"] == "exited with code 3"
+
+
+def test_a_missing_command_is_127_and_setup_failed(tmp_path):
+    job = make_job(tmp_path, command=["no-such-command-klique", "--flag"])
+    result = run_runner(job)
+    assert result.returncode == 127
+    exit_file = read_json(job, "exit.json")
+    assert exit_file["outcome"] == "setup_failed" and exit_file["exit_code"] == 127
+    assert exit_file["reason"] == "command not found: no-such-command-klique"
+    assert exit_file["started"] is None
+    assert "klique: setup failed: command not found" in console(job)
+
+
+def test_an_unreadable_task_file_is_setup_failed(tmp_path):
+    job = make_job(tmp_path, command="echo not-a-list")
+    result = run_runner(job)
+    assert result.returncode == 125
+    exit_file = read_json(job, "exit.json")
+    assert exit_file["outcome"] == "setup_failed" and "command" in exit_file["reason"]
+
+
+def test_a_task_killed_by_a_signal_is_signalled(tmp_path):
+    job = make_job(tmp_path, command=[PY, "-c", "import os; os.kill(os.getpid(), 9)"])
+    result = run_runner(job)
+    assert result.returncode == 128 + 9
+    exit_file = read_json(job, "exit.json")
+    assert exit_file["outcome"] == "signalled" and exit_file["signal"] == 9
+    assert exit_file["reason"].startswith("killed by SIGKILL")
+
+
+TRAP_SCRIPT = """
+import signal, sys, time, os
+def on(signum, frame):
+    print('caught', signal.Signals(signum).name, flush=True)
+    if signum == signal.SIGTERM:
+        sys.exit(0)
+signal.signal(signal.SIGTERM, on)
+signal.signal(signal.SIGUSR1, on)
+print('ready', flush=True)
+while not os.path.exists('release'):
+    time.sleep(0.01)
+print('released', flush=True)
+"""
+
+
+def _running(job):
+    return wait_for(lambda: "ready" in console(job), what="the task to start")
+
+
+def test_sigterm_is_forwarded_and_the_task_ends_signalled(tmp_path):
+    job = make_job(tmp_path, command=[PY, "-c", TRAP_SCRIPT])
+    runner = start_runner(job)
+    _running(job)
+    assert read_json(job, "status.json")["state"] == "running"
+    runner.send_signal(signal.SIGTERM)
+    assert runner.wait(60) == 0
+    assert "caught SIGTERM" in console(job)
+    exit_file = read_json(job, "exit.json")
+    assert exit_file["outcome"] == "signalled" and exit_file["signal"] == signal.SIGTERM
+    assert exit_file["reason"] == TERMINATED
+
+
+def test_a_task_that_does_not_trap_sigterm_dies_with_it(tmp_path):
+    job = make_job(tmp_path, command=["sh", "-c", "echo ready; exec sleep 60"])
+    runner = start_runner(job)
+    _running(job)
+    runner.send_signal(signal.SIGTERM)
+    assert runner.wait(60) == 128 + signal.SIGTERM
+    exit_file = read_json(job, "exit.json")
+    assert exit_file["exit_code"] == 143 and exit_file["outcome"] == "signalled"
+
+
+def test_sigusr1_is_forwarded_and_the_task_carries_on(tmp_path):
+    job = make_job(tmp_path, command=[PY, "-c", TRAP_SCRIPT])
+    runner = start_runner(job)
+    _running(job)
+    runner.send_signal(signal.SIGUSR1)
+    wait_for(lambda: "caught SIGUSR1" in console(job), what="the task to see SIGUSR1")
+    (job / "release").touch()
+    assert runner.wait(60) == 0
+    assert read_json(job, "exit.json")["outcome"] == "completed"
+
+
+def test_sigterm_with_the_preemption_marker_is_preempted(tmp_path):
+    job = make_job(tmp_path, command=["sh", "-c", "echo ready; exec sleep 60"])
+    runner = start_runner(job)
+    _running(job)
+    (job / "preempted").touch()
+    runner.send_signal(signal.SIGTERM)
+    runner.wait(60)
+    exit_file = read_json(job, "exit.json")
+    assert exit_file["outcome"] == "preempted" and exit_file["signal"] == signal.SIGTERM
+
+
+def test_sigterm_with_klique_preempted_set_is_preempted(tmp_path):
+    job = make_job(tmp_path, command=["sh", "-c", "echo ready; exec sleep 60"])
+    runner = start_runner(job, KLIQUE_PREEMPTED="1")
+    _running(job)
+    runner.send_signal(signal.SIGTERM)
+    runner.wait(60)
+    assert read_json(job, "exit.json")["outcome"] == "preempted"
+
+
+def test_the_console_shows_output_while_the_task_runs(tmp_path):
+    job = make_job(tmp_path, command=[PY, "-c", TRAP_SCRIPT])
+    runner = start_runner(job)
+    _running(job)  # 'ready' is in console.log while the task still waits for 'release'
+    assert not (job / "exit.json").exists()
+    (job / "release").touch()
+    assert runner.wait(60) == 0
+    assert console(job) == "ready\nreleased\n"
+
+
+def test_host_gpus_are_exactly_the_tasks_cuda_visible_devices(tmp_path):
+    job = make_job(tmp_path, command=["sh", "-c", 'echo "[$CUDA_VISIBLE_DEVICES]"'], gpus=[0, 2])
+    run_runner(job, CUDA_VISIBLE_DEVICES="0,1,2,3")
+    assert console(job) == "[0,2]\n"
+
+
+def test_no_gpus_granted_hides_every_gpu(tmp_path):
+    job = make_job(
+        tmp_path, command=["sh", "-c", 'echo "[${CUDA_VISIBLE_DEVICES-unset}]"'], gpus=[]
+    )
+    run_runner(job, CUDA_VISIBLE_DEVICES="0,1")
+    assert console(job) == "[]\n"
+
+
+def test_slurm_gpus_come_from_the_schedulers_variables(tmp_path):
+    job = make_job(
+        tmp_path,
+        command=["sh", "-c", 'echo "[$CUDA_VISIBLE_DEVICES]"'],
+        scheduler="slurm",
+        gpus=None,
+    )
+    run_runner(job, SLURM_JOB_GPUS="1,3")
+    assert console(job) == "[1,3]\n"
+
+
+def test_a_workdir_task_runs_in_that_folder(tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    job = make_job(tmp_path, command=["pwd"], code={"workdir": str(work)})
+    assert run_runner(job).returncode == 0
+    assert console(job) == f"{work}\n"
+
+
+def test_sigterm_during_setup_ends_the_run_signalled(tmp_path):
+    # A staged "uv" that blocks keeps the runner in setup until it is signalled.
+    fake_uv = tmp_path / "uv"
+    started = tmp_path / "setup-started"
+    fake_uv.write_text(f"#!/bin/sh\ntouch {started}\nexec sleep 60\n")
+    fake_uv.chmod(0o755)
+    job = make_job(
+        tmp_path,
+        command=["true"],
+        requirements=["six"],
+        uv=str(fake_uv),
+        package_cache=str(tmp_path / "pkg"),
+    )
+    runner = start_runner(job)
+    wait_for(started.exists, what="setup to start")
+    assert read_json(job, "status.json")["state"] == "setting_up"
+    runner.send_signal(signal.SIGTERM)
+    assert runner.wait(60) == 128 + signal.SIGTERM
+    exit_file = read_json(job, "exit.json")
+    assert exit_file["outcome"] == "signalled" and exit_file["reason"] == TERMINATED
+    assert exit_file["started"] is None
+    envs = tmp_path / "cache" / "envs"
+    assert sorted(p.name for p in envs.iterdir() if ".tmp-" in p.name) == []

@@ -1,0 +1,67 @@
+"""HTTP reports reach a stdlib server on loopback; an unreachable API never fails the task."""
+
+from __future__ import annotations
+
+import socket
+import sys
+
+from runner_helpers import ReportSink, console, make_job, read_json, run_runner
+
+TASK = (
+    "from inside_job import report\n"
+    "for i in range(3):\n"
+    "    print('line', i)\n"
+    "    report.scalar('loss', 1.0 / (i + 1), step=i)\n"
+    "print('caf\\u00e9 done')\n"
+)
+
+
+def test_states_console_scalars_and_exit_arrive(tmp_path):
+    sink = ReportSink()
+    try:
+        job = make_job(
+            tmp_path,
+            id=42,
+            command=[sys.executable, "-c", TASK],
+            report={"url": sink.url, "token": "secret"},
+        )
+        assert run_runner(job).returncode == 0
+    finally:
+        sink.close()
+    assert {h["path"] for h in sink.headers} == {"/api/v1/tasks/42/report"}
+    assert {h["auth"] for h in sink.headers} == {"Bearer secret"}
+    assert sink.states() == ["setting_up", "running", "done"]
+    exits = [p["exit"] for p in sink.posts if "exit" in p]
+    assert exits == [read_json(job, "exit.json")]
+    assert sink.console_text() == console(job)
+    scalars = [s for p in sink.posts for s in p.get("scalars", [])]
+    assert [(s["name"], s["step"]) for s in scalars] == [("loss", 0), ("loss", 1), ("loss", 2)]
+
+
+def test_an_unreachable_api_does_not_fail_the_task(tmp_path):
+    with socket.socket() as s:  # a port that nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    job = make_job(
+        tmp_path,
+        command=[sys.executable, "-c", "print('fine')"],
+        report={"url": f"http://127.0.0.1:{port}", "token": "t"},
+    )
+    assert run_runner(job).returncode == 0
+    assert read_json(job, "exit.json")["outcome"] == "completed"
+    assert console(job) == "fine\n"
+
+
+def test_an_api_that_answers_errors_does_not_fail_the_task(tmp_path):
+    sink = ReportSink(status=500)
+    try:
+        job = make_job(
+            tmp_path,
+            command=[sys.executable, "-c", "print('fine')"],
+            report={"url": sink.url, "token": "t"},
+        )
+        assert run_runner(job).returncode == 0
+    finally:
+        sink.close()
+    assert read_json(job, "exit.json")["outcome"] == "completed"
+    assert sink.posts  # it did try

@@ -1,0 +1,129 @@
+"""The store on SQLite and on a real PostgreSQL server (started by scripts/pg-up)."""
+
+import threading
+import uuid
+
+import pytest
+import sqlalchemy
+
+from broker.domain import TaskSpec, TaskState
+from broker.errors import IllegalTransition, NotFound
+from broker.store.repository import Store, normalise_url
+
+S = TaskState
+
+
+def _fresh_schema(url: str) -> str:
+    """A new schema per test so runs never see each other's rows."""
+    schema = f"t_{uuid.uuid4().hex[:12]}"
+    engine = sqlalchemy.create_engine(normalise_url(url))
+    with engine.begin() as conn:
+        conn.exec_driver_sql(f"CREATE SCHEMA {schema}")
+    engine.dispose()
+    return f"{url}?options=-csearch_path%3D{schema}"
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def store(request, tmp_path):
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'k.db'}"
+    else:
+        url = _fresh_schema(request.getfixturevalue("postgres_url"))
+    s = Store.open(url)
+    yield s
+    s.close()
+
+
+def spec(**kw):
+    return TaskSpec(command=("echo", "hi"), resource="cpu", **kw)
+
+
+def test_a_task_goes_through_its_life_and_every_change_is_an_event(store):
+    task = store.create_task(spec(name="n"), "alice", "vision", gpus=2)
+    assert task.state is S.QUEUED and task.queued_at
+    store.change_state(task.id, S.PLACED, pool="local")
+    store.change_state(task.id, S.SUBMITTED, native_id="123", job_dir="/tmp/x")
+    store.change_state(task.id, S.RUNNING)
+    done = store.change_state(task.id, S.COMPLETED, "exit code 0", exit_code=0)
+    assert done.state is S.COMPLETED and done.exit_code == 0 and done.native_id == "123"
+    assert done.started_at and done.finished_at and done.pool == "local"
+    assert [e["to"] for e in store.events(task.id)] == [
+        "queued",
+        "placed",
+        "submitted",
+        "running",
+        "completed",
+    ]
+    (run,) = store.ledger()
+    assert run.owner == "alice" and run.team == "vision" and run.pool == "local"
+    assert run.end is not None and run.gpu_seconds == pytest.approx(2 * (run.end - run.start))
+
+
+def test_an_illegal_transition_changes_nothing(store):
+    task = store.create_task(spec(), "alice", None)
+    with pytest.raises(IllegalTransition):
+        store.change_state(task.id, S.COMPLETED, "nope", exit_code=3)
+    again = store.get(task.id)
+    assert again.state is S.QUEUED and again.exit_code is None and again.reason == ""
+    assert len(store.events(task.id)) == 1
+
+
+def test_only_from_guards_against_races(store):
+    task = store.create_task(spec(), "alice", None)
+    store.change_state(task.id, S.CANCELLED, "by owner")
+    assert store.change_state(task.id, S.PLACED, only_from=[S.QUEUED], pool="x") is None
+    assert store.get(task.id).state is S.CANCELLED
+
+
+def test_concurrent_writers_one_wins(store):
+    task = store.create_task(spec(), "alice", None)
+    store.change_state(task.id, S.PLACED, pool="p")
+    store.change_state(task.id, S.SUBMITTED, native_id="1")
+    store.change_state(task.id, S.RUNNING)
+    outcomes = []
+    barrier = threading.Barrier(8)
+
+    def end(state):
+        barrier.wait()
+        outcomes.append(store.change_state(task.id, state, only_from=[S.RUNNING]))
+
+    threads = [threading.Thread(target=end, args=(s,)) for s in [S.CANCELLED, S.COMPLETED] * 4]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    winners = [o for o in outcomes if o is not None]
+    assert len(winners) == 1
+    assert store.get(task.id).state is winners[0].state
+    assert len(store.events(task.id)) == 5
+
+
+def test_spec_round_trips_with_free_text(store):
+    text = "it's $(rm -rf /) `x` \n#SBATCH --uid=0 ünïcode"
+    task = store.create_task(
+        TaskSpec(command=("echo", text), resource="cpu", name=text, env={"K": text}), "alice", None
+    )
+    back = store.get(task.id)
+    assert back.spec.command == ("echo", text) and back.spec.name == text
+    assert back.spec.env == {"K": text}
+
+
+def test_unknown_task_is_not_found(store):
+    with pytest.raises(NotFound):
+        store.get(999)
+
+
+def test_tokens(store):
+    token = store.add_token("alice")
+    assert store.user_for_token(token) == ("alice", False)
+    assert store.user_for_token("forged") is None
+    assert not store.has_admin()
+    store.add_token("admin", admin=True)
+    assert store.has_admin()
+
+
+def test_reopening_migrates_once_and_keeps_rows(store):
+    task = store.create_task(spec(), "alice", None)
+    again = Store.open(store.url)
+    assert again.get(task.id).spec.command == ("echo", "hi")
+    again.close()

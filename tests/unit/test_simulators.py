@@ -1,0 +1,476 @@
+"""The PBS Professional, Torque and LSF simulators in tests/fakes, driven as programs on PATH.
+
+Jobs are submitted as 'alice' through runuser when the tests run as root (the way the
+broker submits as a mapped account), otherwise as the current user. Every wait polls
+a condition against a deadline.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import fcntl
+import glob
+import json
+import os
+import pwd
+import shutil
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+FAKES = Path(__file__).resolve().parents[1] / "fakes"
+SYSTEM_PATH = "/usr/local/bin:/usr/bin:/bin"
+DEADLINE = 30.0
+
+
+def wait_for(condition, timeout: float = DEADLINE, what: str = "condition"):
+    end = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.05)
+
+
+def _submitter() -> tuple[list[str], str]:
+    """(argv prefix, user name) for submissions: alice via runuser as root, else ourselves."""
+    if os.geteuid() != 0:
+        return [], pwd.getpwuid(os.getuid()).pw_name
+    try:
+        pwd.getpwnam("alice")
+    except KeyError:
+        made = subprocess.run(["useradd", "-m", "alice"], capture_output=True, text=True)
+        if made.returncode != 0:
+            pytest.skip(f"running as root but cannot create user alice: {made.stderr.strip()}")
+    runuser = shutil.which("runuser") or shutil.which("runuser", path="/usr/sbin:/sbin")
+    if runuser is None:
+        pytest.skip("running as root but runuser(1) is not installed")
+    return [runuser, "-u", "alice", "--"], "alice"
+
+
+@dataclass
+class Cluster:
+    """One simulated scheduler with a private state folder and a shared work folder."""
+
+    flavor: str
+    work: Path
+    env: dict
+    prefix: list[str]
+    user: str
+    submitted: list[str] = field(default_factory=list)
+
+    def run(
+        self, *argv: str, stdin: str | None = None, as_root: bool = False, env: dict | None = None
+    ) -> subprocess.CompletedProcess:
+        prefix = [] if as_root else self.prefix
+        return subprocess.run(
+            [*prefix, *argv],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            cwd=self.work,
+            env={**self.env, **(env or {})},
+            timeout=60,
+        )
+
+    def script(self, name: str, body: str) -> Path:
+        path = self.work / name
+        path.write_text("#!/bin/sh\n" + body)
+        path.chmod(0o755)
+        return path
+
+    # ---- per-flavor commands -------------------------------------------------
+    def submit(self, script: Path, *extra: str, **kw) -> str:
+        name = script.stem
+        out = str(self.work / f"{name}.out")
+        if self.flavor == "lsf":
+            done = self.run("bsub", "-J", name, "-o", out, *extra, stdin=script.read_text(), **kw)
+            assert done.returncode == 0, done.stderr
+            job_id = done.stdout.split("<")[1].split(">")[0]
+        else:
+            done = self.run("qsub", "-N", name, "-j", "oe", "-o", out, *extra, str(script), **kw)
+            assert done.returncode == 0, done.stderr
+            job_id = done.stdout.strip()
+        self.submitted.append(job_id)
+        return job_id
+
+    def status(self, job_id: str) -> dict | None:
+        """{'state': queued|running|done, 'exit': int|None, 'reason': str} or None if unknown."""
+        if self.flavor == "pbspro":
+            done = self.run("qstat", "-f", "-F", "json", "-x", job_id)
+            if done.returncode == 153:
+                return None
+            attrs = json.loads(done.stdout)["Jobs"][job_id]
+            state = {"Q": "queued", "H": "queued", "R": "running", "E": "running", "F": "done"}[
+                attrs["job_state"]
+            ]
+            return {
+                "state": state,
+                "exit": attrs.get("Exit_status"),
+                "reason": attrs.get("comment", ""),
+                "raw": attrs,
+            }
+        if self.flavor == "torque":
+            done = self.run("qstat", "-f", "-1", job_id)
+            if done.returncode == 153:
+                return None
+            attrs = dict(
+                line.strip().split(" = ", 1) for line in done.stdout.splitlines() if " = " in line
+            )
+            state = {"Q": "queued", "H": "queued", "R": "running", "C": "done"}[attrs["job_state"]]
+            code = attrs.get("exit_status")
+            return {"state": state, "exit": int(code) if code else None, "reason": "", "raw": attrs}
+        done = self.run(
+            "bjobs", "-o", "jobid stat exit_code exit_reason pend_reason", "-json", "-a", job_id
+        )
+        record = json.loads(done.stdout)["RECORDS"][0]
+        if "ERROR" in record:
+            return None
+        state = {
+            "PEND": "queued",
+            "PSUSP": "queued",
+            "RUN": "running",
+            "DONE": "done",
+            "EXIT": "done",
+        }[record["STAT"]]
+        code = record["EXIT_CODE"]
+        return {
+            "state": state,
+            "exit": int(code)
+            if code
+            else (0 if state == "done" and record["STAT"] == "DONE" else None),
+            "reason": record["EXIT_REASON"] or record["PEND_REASON"],
+            "raw": record,
+        }
+
+    def states(self) -> dict:
+        """Every known job's generic state from one listing command."""
+        if self.flavor == "pbspro":
+            jobs = json.loads(self.run("qstat", "-f", "-F", "json", "-x").stdout).get("Jobs", {})
+            return {k: "done" if v["job_state"] == "F" else "active" for k, v in jobs.items()}
+        if self.flavor == "torque":
+            listing = self.run("qstat").stdout.splitlines()[2:]
+            return {
+                row.split()[0]: "done" if row.split()[4] == "C" else "active" for row in listing
+            }
+        done = self.run("bjobs", "-a", "-u", "all", "-o", "jobid stat", "-json")
+        return {
+            r["JOBID"]: "done" if r["STAT"] in ("DONE", "EXIT") else "active"
+            for r in json.loads(done.stdout)["RECORDS"]
+        }
+
+    def cancel(self, job_id: str, as_root: bool = False) -> subprocess.CompletedProcess:
+        return self.run("bkill" if self.flavor == "lsf" else "qdel", job_id, as_root=as_root)
+
+    def wait_state(self, job_id: str, state: str, timeout: float = DEADLINE) -> dict:
+        return wait_for(
+            lambda: (s := self.status(job_id)) and s["state"] == state and s,
+            timeout,
+            f"{self.flavor} job {job_id} to be {state}",
+        )
+
+    def gpu_args(self, count: int) -> list[str]:
+        return {
+            "pbspro": ["-l", f"select=1:ncpus=1:ngpus={count}"],
+            "torque": ["-l", f"nodes=1:ppn=1:gpus={count}"],
+            "lsf": ["-gpu", f"num={count}"],
+        }[self.flavor]
+
+    def walltime_args(self, seconds: int) -> list[str]:
+        if self.flavor == "lsf":
+            return ["-W", str(seconds)]  # one -W minute lasts KLIQUE_SIM_LSF_MINUTE=1 s here
+        return ["-l", f"walltime=00:00:{seconds:02d}"]
+
+
+FLAVORS = ["pbspro", "torque", "lsf"]
+
+
+@pytest.fixture(params=FLAVORS)
+def cluster(request):
+    python = shutil.which("python3", path=SYSTEM_PATH)
+    if python is None:
+        pytest.skip(f"the simulators need a python3 in {SYSTEM_PATH}")
+    prefix, user = _submitter()
+    work = Path(tempfile.mkdtemp(prefix="klique-sim-test-"))
+    work.chmod(0o777)
+    env = {
+        **os.environ,
+        "PATH": f"{FAKES / request.param}:{SYSTEM_PATH}",
+        "KLIQUE_SIM_DIR": str(work / "state"),
+        "KLIQUE_SIM_KILL_DELAY": "1",
+        "KLIQUE_SIM_LSF_MINUTE": "1",
+        "KLIQUE_SIM_GPUS": "4",
+        "KLIQUE_SIM_CPUS": "16",
+    }
+    sim = Cluster(request.param, work, env, prefix, user)
+    yield sim
+    _tear_down(sim)
+
+
+def _tear_down(sim: Cluster) -> None:
+    with contextlib.suppress(Exception):
+        active = [j for j, state in sim.states().items() if state == "active"]
+        if active:
+            sim.run("bkill" if sim.flavor == "lsf" else "qdel", *active, as_root=os.geteuid() == 0)
+        wait_for(lambda: "active" not in sim.states().values(), what="jobs to end")
+        wait_for(lambda: not _supervisors_alive(sim.work / "state"), what="supervisors to leave")
+    shutil.rmtree(sim.work, ignore_errors=True)
+
+
+def _supervisors_alive(state: Path) -> bool:
+    for path in glob.glob(str(state / "*" / "supervisor-*.lock")):
+        with open(path) as handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+    return False
+
+
+ENV_VARS = {
+    "pbspro": [
+        "PBS_JOBID",
+        "PBS_JOBNAME",
+        "PBS_NODEFILE",
+        "PBS_O_WORKDIR",
+        "PBS_QUEUE",
+        "PBS_O_HOST",
+        "PBS_ENVIRONMENT",
+        "TMPDIR",
+    ],
+    "torque": [
+        "PBS_JOBID",
+        "PBS_JOBNAME",
+        "PBS_NODEFILE",
+        "PBS_O_WORKDIR",
+        "PBS_QUEUE",
+        "PBS_NUM_PPN",
+        "PBS_NP",
+        "PBS_GPUFILE",
+        "TMPDIR",
+    ],
+    "lsf": [
+        "LSB_JOBID",
+        "LSB_JOBNAME",
+        "LSB_HOSTS",
+        "LSB_MCPU_HOSTS",
+        "LSB_QUEUE",
+        "LSB_DJOB_NUMPROC",
+        "LS_SUBCWD",
+        "TMPDIR",
+    ],
+}
+
+
+def _read_env(path: Path) -> dict:
+    return dict(line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)
+
+
+def test_job_runs_as_the_submitter_with_the_scheduler_environment(cluster):
+    out = cluster.work / "env.txt"
+    script = cluster.script("envjob", f"id -u > {out}.uid\nenv > {out}\n")
+    job_id = cluster.submit(script)
+    status = cluster.wait_state(job_id, "done")
+    assert status["exit"] == 0
+    assert int((cluster.work / "env.txt.uid").read_text()) == pwd.getpwnam(cluster.user).pw_uid
+    env = _read_env(out)
+    missing = [name for name in ENV_VARS[cluster.flavor] if name not in env]
+    assert not missing, f"missing {missing} in {sorted(env)}"
+    if cluster.flavor == "lsf":
+        assert env["LSB_JOBID"] == job_id and env["LS_SUBCWD"] == str(cluster.work)
+    else:
+        assert env["PBS_JOBID"] == job_id and env["PBS_O_WORKDIR"] == str(cluster.work)
+        assert Path(env["PBS_NODEFILE"]).name == "nodefile"
+
+
+def test_exit_status_of_a_failing_job_is_reported(cluster):
+    job_id = cluster.submit(cluster.script("failing", "echo about to fail\nexit 7\n"))
+    status = cluster.wait_state(job_id, "done")
+    assert status["exit"] == 7
+    assert "about to fail" in (cluster.work / "failing.out").read_text()
+    if cluster.flavor == "lsf":
+        assert status["raw"]["STAT"] == "EXIT"
+
+
+def test_walltime_overrun_is_killed_and_reported_as_documented(cluster):
+    script = cluster.script("overrun", "sleep 60\n")
+    started = time.monotonic()
+    job_id = cluster.submit(script, *cluster.walltime_args(2))
+    status = cluster.wait_state(job_id, "done")
+    assert time.monotonic() - started < 20
+    expected = {"pbspro": -29, "torque": -11, "lsf": 140}[cluster.flavor]
+    assert status["exit"] == expected
+    if cluster.flavor == "lsf":
+        assert status["reason"].startswith("TERM_RUNLIMIT")
+    else:
+        assert "=>> PBS: job killed: walltime" in (cluster.work / "overrun.out").read_text()
+
+
+def test_cancel_terminates_the_job_process_group(cluster):
+    marker = cluster.work / "cancel.started"
+    job_id = cluster.submit(cluster.script("cancelme", f"touch {marker}\nsleep 60\n"))
+    wait_for(marker.exists, what="the job to start")
+    done = cluster.cancel(job_id)
+    assert done.returncode == 0, done.stderr
+    status = cluster.wait_state(job_id, "done")
+    if cluster.flavor == "lsf":
+        assert status["exit"] == 130 and status["reason"].startswith("TERM_OWNER")
+    else:
+        assert status["exit"] == 271
+
+
+def test_gpu_jobs_get_distinct_devices_and_wait_while_gpus_are_busy(cluster):
+    release = cluster.work / "release"
+    body = (
+        "echo $CUDA_VISIBLE_DEVICES > {out}\n"
+        f"i=0; while [ ! -e {release} ] && [ $i -lt 600 ]; do sleep 0.05; i=$((i+1)); done\n"
+    )
+    ids, outs = [], []
+    for n in range(3):
+        out = cluster.work / f"gpus{n}.txt"
+        outs.append(out)
+        ids.append(
+            cluster.submit(cluster.script(f"gpu{n}", body.format(out=out)), *cluster.gpu_args(2))
+        )
+    wait_for(lambda: outs[0].exists() and outs[1].exists(), what="two GPU jobs to start")
+    first = set(outs[0].read_text().split()[0].split(","))
+    second = set(outs[1].read_text().split()[0].split(","))
+    assert len(first) == len(second) == 2 and not first & second
+    third = cluster.status(ids[2])
+    assert third["state"] == "queued"
+    assert not outs[2].exists()
+    release.touch()
+    for job_id in ids:
+        assert cluster.wait_state(job_id, "done")["exit"] == 0
+    assert len(outs[2].read_text().split()[0].split(",")) == 2
+
+
+def test_fifty_concurrent_submissions_get_distinct_ids_and_all_run(cluster):
+    script = cluster.script("many", f'touch {cluster.work}/ran.$(basename "$0").$$\n')
+    with concurrent.futures.ThreadPoolExecutor(max_workers=8) as pool:
+        ids = list(pool.map(lambda _: cluster.submit(script), range(50)))
+    assert len(set(ids)) == 50
+    wait_for(
+        lambda: all(cluster.states().get(j) == "done" for j in ids),
+        timeout=90,
+        what="fifty jobs to finish",
+    )
+    assert len(list(cluster.work.glob("ran.*"))) == 50
+
+
+def test_unknown_jobs_are_refused_with_the_documented_status(cluster):
+    if cluster.flavor == "lsf":
+        done = cluster.run("bjobs", "424242")
+        assert done.returncode == 255 and "Job <424242> is not found" in done.stderr
+        done = cluster.run("bkill", "424242")
+        assert done.returncode == 255 and "Job <424242>: No matching job found" in done.stderr
+        return
+    server = cluster.submit(cluster.script("probe", "true\n")).split(".", 1)[1]
+    done = cluster.run("qstat", "424242")
+    text = "Unknown Job Id Error" if cluster.flavor == "torque" else "Unknown Job Id"
+    assert done.returncode == 153 and f"qstat: {text} 424242.{server}" in done.stderr
+    done = cluster.run("qdel", "424242")
+    assert done.returncode == 153 and f"qdel: Unknown Job Id 424242.{server}" in done.stderr
+
+
+def test_finished_jobs_stay_in_history_for_the_keep_time(cluster):
+    keep = {"KLIQUE_SIM_KEEP": "2"}
+    job_id = cluster.submit(cluster.script("brief", "true\n"), env=keep)
+    cluster.wait_state(job_id, "done")
+    if cluster.flavor == "pbspro":
+        done = cluster.run("qstat", job_id)
+        assert done.returncode == 35 and "use -x or -H" in done.stderr
+    if cluster.flavor == "lsf":
+        assert job_id not in cluster.run("bjobs", "-u", "all").stdout
+        assert job_id in cluster.run("bjobs", "-a", "-u", "all").stdout
+    wait_for(lambda: cluster.status(job_id) is None, what="the finished job to be purged")
+
+
+def test_unknown_queue_is_refused(cluster):
+    script = cluster.script("noqueue", "true\n")
+    if cluster.flavor == "lsf":
+        done = cluster.run("bsub", "-q", "nosuch", stdin=script.read_text())
+        assert done.returncode == 255
+        assert done.stderr.strip() == "nosuch: No such queue. Job not submitted."
+    else:
+        done = cluster.run("qsub", "-q", "nosuch", str(script))
+        assert done.returncode == {"pbspro": 170, "torque": 172}[cluster.flavor]
+        assert "Unknown queue" in done.stderr
+
+
+def test_command_line_options_win_over_script_directives(cluster):
+    if cluster.flavor == "lsf":
+        text = "#!/bin/sh\n#BSUB -J fromscript\n#BSUB -q nosuch\n#BSUB -n 3\ntrue\n"
+        done = cluster.run("bsub", "-q", "normal", "-J", "fromcli", stdin=text)
+        assert done.returncode == 0, done.stderr
+        job_id = done.stdout.split("<")[1].split(">")[0]
+        cluster.submitted.append(job_id)
+        fields = cluster.run("bjobs", "-o", "job_name nreq_slot", "-json", job_id).stdout
+        record = json.loads(fields)["RECORDS"][0]
+        assert (record["JOB_NAME"], record["NREQ_SLOT"]) == ("fromcli", "3")
+        return
+    script = cluster.script("directives", "")
+    script.write_text(
+        "#!/bin/sh\n#PBS -N fromscript\n#PBS -q nosuch\n#PBS -l walltime=1:00:00\ntrue\n"
+    )
+    queue = {"pbspro": "workq", "torque": "batch"}[cluster.flavor]
+    done = cluster.run("qsub", "-q", queue, "-N", "fromcli", str(script))
+    assert done.returncode == 0, done.stderr
+    job_id = done.stdout.strip()
+    cluster.submitted.append(job_id)
+    raw = cluster.status(job_id)["raw"]
+    walltime = (
+        raw["Resource_List"]["walltime"]
+        if cluster.flavor == "pbspro"
+        else raw["Resource_List.walltime"]
+    )
+    assert (raw["Job_Name"], walltime) == ("fromcli", "01:00:00")
+
+
+def test_status_commands_answer_quickly(cluster):
+    command = "bjobs" if cluster.flavor == "lsf" else "qstat"
+    cluster.run(command, as_root=True)
+    timings = []
+    for _ in range(5):
+        started = time.monotonic()
+        cluster.run(command, "-a" if command == "bjobs" else "-x", as_root=True)
+        timings.append(time.monotonic() - started)
+    assert sorted(timings)[2] < 0.5, timings
+
+
+@pytest.mark.parametrize("folder", ["pbs", "torque", "lsf"])
+def test_captured_outputs_are_indexed_and_well_formed(folder):
+    data = FAKES.parent / "data" / folder
+    cases = json.loads((data / "index.json").read_text())
+    named = {name for case in cases for name in (case["stdout"], case["stderr"]) if name}
+    on_disk = {p.name for p in data.iterdir()} - {"index.json", "README.md"}
+    assert named == on_disk
+    for case in cases:
+        assert isinstance(case["exit_status"], int) and case["command"]
+        if case["stdout"] and case["stdout"].endswith(".json"):
+            report = json.loads((data / case["stdout"]).read_text())
+            assert ("RECORDS" in report) if folder == "lsf" else ("pbs_server" in report)
+
+
+@pytest.mark.skipif(
+    os.environ.get("KLIQUE_SIM_STRESS") != "1",
+    reason="set KLIQUE_SIM_STRESS=1 for the 500-submission stress run",
+)
+def test_five_hundred_submissions_from_several_processes(cluster):
+    script = cluster.script("stress", f"touch {cluster.work}/ran.$$\n")
+    with concurrent.futures.ThreadPoolExecutor(max_workers=10) as pool:
+        ids = list(pool.map(lambda _: cluster.submit(script), range(500)))
+    assert len(set(ids)) == 500
+    wait_for(
+        lambda: all(cluster.states().get(j) == "done" for j in ids),
+        timeout=300,
+        what="five hundred jobs to finish",
+    )
+    assert len(list(cluster.work.glob("ran.*"))) == 500
