@@ -324,7 +324,8 @@ def why(task_id: int, as_json: bool) -> None:
     if not answer["waiting"]:
         click.echo(f"task {task_id} is not waiting: it is {answer['state']} ({answer['detail']})")
         return
-    click.echo(f"task {task_id} waits: {answer['primary']}: {answer['detail']}")
+    click.echo(f"task {task_id} waits [{answer['primary']}]: {answer['sentence']}")
+    click.echo(f"  {answer['detail']}")
     for pool, reason in answer["pools"].items():
         click.echo(f"  {pool}: {reason}")
 

@@ -183,6 +183,10 @@ class Estate:
     teams: dict[str, Team]
     default_resource: str | None = None
     fair_share_half_life_s: float = 7 * 24 * 3600.0
+    min_run_s: float = 600.0  # reclaim never preempts a run younger than this
+    reclaim_grace_s: float = 120.0  # a reservation's task waits this long before preempting
+    max_preemptions_per_cycle: int = 8
+    starvation_s: float = 3600.0  # a task waiting longer goes first and pins a host pool
     source: str = "<built-in>"
 
     def team_of(self, user: str) -> str | None:
@@ -239,7 +243,9 @@ class Task:
     job_dir: str | None = None
     exit_code: int | None = None
     gpus: float = 0.0
+    gpu_ids: tuple[int, ...] = ()  # host pools: the GPUs it was given
     borrowed: bool = False
+    preempted: bool = False  # asked to stop to hand capacity back; requeued when it ends
     skip_pools: frozenset[str] = frozenset()
     attempts: int = 0
     report_token: str = ""
@@ -257,6 +263,10 @@ class Task:
     @property
     def resource(self) -> str:
         return self.spec.resource
+
+    def job_name(self) -> str:
+        """The job directory's name: the tag, with the attempt after the first."""
+        return self.tag if self.attempts <= 1 else f"{self.tag}-{self.attempts}"
 
 
 def spec_to_dict(spec: TaskSpec) -> dict[str, Any]:

@@ -47,6 +47,7 @@ def parse_duration_s(value: object) -> int:
 
 SizeMB = Annotated[int, BeforeValidator(parse_size_mb), Field(ge=0)]
 Seconds = Annotated[int, BeforeValidator(parse_duration_s), Field(gt=0)]
+SecondsOrZero = Annotated[int, BeforeValidator(parse_duration_s), Field(ge=0)]
 Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")]
 
 
@@ -122,6 +123,10 @@ class PolicyFile(_Strict):
 class DefaultsFile(_Strict):
     resource: Name | None = None
     fair_share_half_life: Seconds = 7 * 86400
+    min_run: SecondsOrZero = 600
+    reclaim_grace: SecondsOrZero = 120
+    max_preemptions_per_cycle: int = Field(8, ge=0)
+    starvation: Seconds = 3600
 
 
 class EstateFile(_Strict):
@@ -316,6 +321,10 @@ def _build(model: EstateFile, source: str) -> Estate:
         teams=teams,
         default_resource=model.defaults.resource or next(iter(resources)),
         fair_share_half_life_s=float(model.defaults.fair_share_half_life),
+        min_run_s=float(model.defaults.min_run),
+        reclaim_grace_s=float(model.defaults.reclaim_grace),
+        max_preemptions_per_cycle=model.defaults.max_preemptions_per_cycle,
+        starvation_s=float(model.defaults.starvation),
         source=source,
     )
 

@@ -131,6 +131,7 @@ def create_app(scheduler: Scheduler, lifespan: Any = None) -> FastAPI:
                 state=task.state,
                 waiting=False,
                 primary="",
+                sentence="",
                 detail=task.reason or f"the task is {task.state.value}",
                 pools={},
             )
@@ -138,7 +139,8 @@ def create_app(scheduler: Scheduler, lifespan: Any = None) -> FastAPI:
             id=task.id,
             state=task.state,
             waiting=True,
-            primary=reason.primary,
+            primary=reason.primary.value,
+            sentence=reason.primary.sentence,
             detail=reason.detail,
             pools=dict(reason.pools),
         )
@@ -192,6 +194,9 @@ def create_app(scheduler: Scheduler, lifespan: Any = None) -> FastAPI:
 
 def _task_out(task: Task, scheduler: Scheduler, detail: bool = False) -> TaskOut:
     out = TaskOut.of(task)
+    waiting = scheduler.pending.get(task.id)
+    if waiting is not None and task.state is TaskState.QUEUED:
+        out.reason = f"{waiting.primary.sentence}: {waiting.detail}"
     if detail:
         out.events = scheduler.store.events(task.id)
         out.scalars = scheduler.store.scalars(task.id)

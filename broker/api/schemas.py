@@ -96,7 +96,8 @@ class WhyOut(BaseModel):
     id: int
     state: TaskState
     waiting: bool
-    primary: str
+    primary: str  # a stable code: not-permitted, over-limit, reclaim, no-capacity, pool-queue
+    sentence: str
     detail: str
     pools: dict[str, str]
 

@@ -16,11 +16,21 @@ from broker.scheduler.placement import PoolState
 
 @dataclass(frozen=True)
 class Observation:
-    """What a pool says of one of its tasks this cycle."""
+    """What a pool says of one of its tasks this cycle.
+
+    For a task whose submission's outcome was unknown, SUBMITTED with the job found (its
+    `native_id` and `job_dir`), or QUEUED when no job carries its tag and it may go again.
+    """
 
     state: TaskState
     reason: str = ""
     exit_code: int | None = None
+    preempted: bool = False
+    native_id: str | None = None
+    job_dir: str | None = None
+
+
+PREEMPTED_MARKER = "preempted"  # docs/job-directory.md: the runner reports `preempted`
 
 
 @dataclass(frozen=True)
@@ -61,6 +71,16 @@ class PoolDriver(ABC):
     @abstractmethod
     async def cancel(self, task: Task) -> None:
         """Stop the task's job, queued or running."""
+
+    async def preempt(self, task: Task) -> None:
+        """Stop a run so that it ends as preempted: a marker the runner reads, then cancel."""
+        if task.job_dir:
+            await self.write_marker(task, PREEMPTED_MARKER)
+        await self.cancel(task)
+
+    async def write_marker(self, task: Task, name: str) -> None:
+        path = Path(str(task.job_dir)) / name
+        path.write_text("")
 
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections and processes the driver holds."""
@@ -117,7 +137,7 @@ def observation_from_exit(doc: Mapping[str, Any]) -> Observation:
     if outcome == "completed" or (code == 0 and outcome in ("", "completed")):
         return Observation(TaskState.COMPLETED, reason or "exit code 0", 0)
     if outcome == "preempted":
-        return Observation(TaskState.FAILED, reason or "preempted", code)
+        return Observation(TaskState.FAILED, reason or "preempted", code, preempted=True)
     if outcome == "timeout":
         return Observation(TaskState.TIMEOUT, reason or "ran past its walltime", code)
     return Observation(TaskState.FAILED, reason or f"exit code {code}", code)

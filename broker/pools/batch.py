@@ -8,10 +8,11 @@ from __future__ import annotations
 import json
 import logging
 import random
+import re
 import time
 from abc import abstractmethod
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 from broker.domain import Pool, Profile, Task, TaskState
@@ -24,6 +25,7 @@ from broker.transport import Transport, check_account, make_transport
 log = logging.getLogger("klique.pools")
 
 _MAX_BACKOFF = 8
+_TAG = re.compile(r"klique-\d+")
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,8 @@ class BatchDriver(PoolDriver):
     kind: ClassVar[str]
     STATES: ClassVar[Mapping[str, TaskState]]
     REASONS: ClassVar[Mapping[str, str]] = {}
+    PREEMPTED: ClassVar[frozenset[str]] = frozenset()  # native states that mean preempted
+    UNREACHABLE: ClassVar[re.Pattern[str] | None] = None  # submit errors: controller is down
 
     def __init__(self, pool: Pool, context: Context, transport: Transport | None = None) -> None:
         super().__init__(pool, context)
@@ -64,6 +68,7 @@ class BatchDriver(PoolDriver):
         self._capacity = Capacity()
         self._capacity_error = ""
         self.status_calls = 0
+        self.strangers: set[str] = set()  # native ids of tagged jobs no task owns
 
     # Hooks a scheduler module supplies.
 
@@ -126,7 +131,7 @@ class BatchDriver(PoolDriver):
         return accounts[0] if accounts else str(self.pool.user_map.default)
 
     def job_dir(self, task: Task) -> str:
-        return f"{self.job_root.rstrip('/')}/{task.tag}"
+        return f"{self.job_root.rstrip('/')}/{task.job_name()}"
 
     def render(self, task: Task, job_dir: str | None = None) -> str:
         job_dir = job_dir or self.job_dir(task)
@@ -185,9 +190,15 @@ class BatchDriver(PoolDriver):
             )
         except TransportError as exc:
             raise SubmitUnknown(f"the submit command's outcome is unknown: {exc}") from exc
+        words = (done.stderr or done.stdout).strip() or f"exit {done.returncode}"
+        if done.returncode != 0 and self.UNREACHABLE and self.UNREACHABLE.search(words):
+            raise TransportError(words)  # nothing was queued: the task waits for the pool
         if done.returncode != 0:
-            raise SubmitError((done.stderr or done.stdout).strip() or f"exit {done.returncode}")
+            raise SubmitError(words)
         return Submission(native_id=self.parse_submit(done.stdout), job_dir=job_dir)
+
+    async def write_marker(self, task: Task, name: str) -> None:
+        await self.transport.write_file(f"{task.job_dir}/{name}", b"", account=self.account(task))
 
     async def cancel(self, task: Task) -> None:
         if not task.native_id:
@@ -258,9 +269,13 @@ class BatchDriver(PoolDriver):
             self._capacity = self.parse_capacity(done.stdout)
 
     async def _observe(self, tasks: Sequence[Task]) -> dict[int, Observation]:
+        self._note_strangers(tasks)
         news: dict[int, Observation] = {}
         gone: list[Task] = []
         for task in tasks:
+            if task.state is TaskState.PLACED:
+                news[task.id] = await self._find(task)
+                continue
             status = self._last.get(task.native_id or "")
             if status is None:
                 gone.append(task)
@@ -272,6 +287,36 @@ class BatchDriver(PoolDriver):
         if gone:
             news.update(await self._settle(gone))
         return news
+
+    async def _find(self, task: Task) -> Observation:
+        """A task whose submission's outcome is unknown: its tag in the queue, or its files."""
+        job_dir = self.job_dir(task)
+        for status in self._last.values():
+            if status.name == task.tag and self.STATES.get(status.state) is not TaskState.CANCELLED:
+                return Observation(TaskState.SUBMITTED, native_id=status.native_id, job_dir=job_dir)
+        if await self._exit_file(replace(task, job_dir=job_dir)) is not None:
+            return Observation(TaskState.SUBMITTED, native_id="", job_dir=job_dir)
+        return Observation(
+            TaskState.QUEUED,
+            "no job carries its tag after a submission whose "
+            "outcome was unknown; submitting it again",
+        )
+
+    def _note_strangers(self, tasks: Sequence[Task]) -> None:
+        """Jobs with Klique's tag that Klique does not know: reported, never cancelled."""
+        known = {t.tag for t in tasks}
+        for status in self._last.values():
+            if _TAG.fullmatch(status.name) and status.name not in known:
+                final = self.STATES.get(status.state, TaskState.RUNNING).final
+                if not final and status.native_id not in self.strangers:
+                    log.warning(
+                        "pool %s: job %s (%s) carries Klique's tag but no task of this "
+                        "pool owns it; leaving it alone",
+                        self.pool.name,
+                        status.native_id,
+                        status.name,
+                    )
+                    self.strangers.add(status.native_id)
 
     async def _from_status(self, task: Task, status: NativeStatus) -> Observation | None:
         state = self.STATES.get(status.state)
@@ -303,7 +348,10 @@ class BatchDriver(PoolDriver):
         reason = self._reason(status) or f"the scheduler reports {status.state}"
         if exit_doc is None and state is not TaskState.CANCELLED:
             reason += f"; the runner wrote no exit file: see the job's output in {task.job_dir}"
-        return Observation(state, reason, code)
+        preempted = status.state in self.PREEMPTED or bool(
+            exit_doc and exit_doc.get("outcome") == "preempted"
+        )
+        return Observation(state, reason, code, preempted=preempted)
 
     def _reason(self, status: NativeStatus) -> str:
         base = self.REASONS.get(status.state, "")

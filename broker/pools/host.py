@@ -1,4 +1,8 @@
-"""The host pool: tasks run through the runner as processes on this machine, in fixed slots."""
+"""The host pool: tasks run through the runner as processes on this machine, in fixed slots.
+
+Placement counts the host's slots and GPUs and picks the GPU ids (Task.gpu_ids); this
+driver starts the runner, follows it through its files and signals it.
+"""
 
 from __future__ import annotations
 
@@ -25,41 +29,7 @@ from broker.pools.base import (
 from broker.scheduler.placement import PoolState
 
 _KILL_GRACE_S = 10.0
-
-
-class GpuInventory:
-    """Which of the host's GPUs each task holds; fractions share a GPU."""
-
-    def __init__(self, count: int) -> None:
-        self.used = [0.0] * count
-        self.held: dict[int, list[tuple[int, float]]] = {}
-
-    @property
-    def free(self) -> float:
-        return sum(1.0 - u for u in self.used)
-
-    def take(self, task_id: int, share: float) -> list[int]:
-        if task_id in self.held:
-            return [gpu for gpu, _ in self.held[task_id]]
-        if share <= 0:
-            self.held[task_id] = []
-            return []
-        if share < 1:
-            gpu = next((g for g, u in enumerate(self.used) if u + share <= 1 + 1e-9), None)
-            grant = [] if gpu is None else [(gpu, share)]
-        else:
-            whole = [g for g, u in enumerate(self.used) if u == 0][: int(share)]
-            grant = [(g, 1.0) for g in whole] if len(whole) == int(share) else []
-        if not grant:
-            raise SubmitError(f"needs {share:g} GPUs, {self.free:g} free on this host")
-        for gpu, part in grant:
-            self.used[gpu] += part
-        self.held[task_id] = grant
-        return [gpu for gpu, _ in grant]
-
-    def give_back(self, task_id: int) -> None:
-        for gpu, part in self.held.pop(task_id, []):
-            self.used[gpu] = max(0.0, self.used[gpu] - part)
+_PID_FILE = "runner.pid"
 
 
 class HostDriver(PoolDriver):
@@ -67,34 +37,16 @@ class HostDriver(PoolDriver):
         super().__init__(pool, context)
         self.job_root = Path(str(pool.settings.get("job_root") or context.home / "jobs"))
         self.python = str(pool.settings.get("python") or sys.executable)
-        self.gpus = GpuInventory(pool.gpus)
         self.processes: dict[int, asyncio.subprocess.Process] = {}
 
     async def capacity(self, active: Sequence[Task]) -> PoolState:
-        held = {t.id for t in active}
-        for task_id in list(self.gpus.held):
-            if task_id not in held:
-                self.gpus.give_back(task_id)
-        for task in active:  # tasks adopted after a restart hold their GPUs again
-            if task.id not in self.gpus.held and task.job_dir:
-                doc = read_json(Path(task.job_dir) / "task.json") or {}
-                self._hold(task.id, doc.get("gpus") or [], task.gpus)
-        return PoolState(
-            self.pool.name, free_slots=self.pool.slots - len(active), free_gpus=self.gpus.free
-        )
-
-    def _hold(self, task_id: int, gpus: list[int], share: float) -> None:
-        part = share if share < 1 else 1.0
-        self.gpus.held[task_id] = [(g, part) for g in gpus if g < len(self.gpus.used)]
-        for g, p in self.gpus.held[task_id]:
-            self.gpus.used[g] += p
+        return PoolState(self.pool.name, free_slots=self.pool.slots - len(active))
 
     async def submit(self, task: Task) -> Submission:
-        job_dir = self.job_root / str(task.id)
-        gpus = self.gpus.take(task.id, task.gpus)
+        job_dir = self.job_root / task.job_name()
         try:
             account = self._account(task)
-            write_job_dir(job_dir, self.task_document(task, gpus), self.context.runner)
+            write_job_dir(job_dir, self.task_document(task, task.gpu_ids), self.context.runner)
             argv = [self.python, str(job_dir / "klique-runner.pyz"), str(job_dir)]
             if account is not None:
                 _chown_tree(job_dir, account)
@@ -108,8 +60,8 @@ class HostDriver(PoolDriver):
                     cwd=job_dir,
                     start_new_session=True,
                 )
-        except (OSError, NotPermitted) as exc:
-            self.gpus.give_back(task.id)
+            (job_dir / _PID_FILE).write_text(str(process.pid))
+        except OSError as exc:
             raise SubmitError(f"could not start the runner on {self.pool.name}: {exc}") from exc
         self.processes[task.id] = process
         return Submission(native_id=str(process.pid), job_dir=str(job_dir))
@@ -138,23 +90,32 @@ class HostDriver(PoolDriver):
     async def poll(self, tasks: Sequence[Task]) -> dict[int, Observation]:
         news: dict[int, Observation] = {}
         for task in tasks:
-            seen = self._observe(task)
+            seen = self._adopt(task) if task.state is TaskState.PLACED else self._observe(task)
             if seen is not None and seen.state != task.state:
                 news[task.id] = seen
         return news
 
+    def _adopt(self, task: Task) -> Observation:
+        """After a crash between starting the runner and recording it: find it, or start over."""
+        job_dir = self.job_root / task.job_name()
+        try:
+            pid = (job_dir / _PID_FILE).read_text().strip()
+        except OSError:
+            return Observation(TaskState.QUEUED, "its runner never started; starting it again")
+        return Observation(TaskState.SUBMITTED, native_id=pid, job_dir=str(job_dir))
+
     def _observe(self, task: Task) -> Observation | None:
-        job_dir = Path(task.job_dir or self.job_root / str(task.id))
+        job_dir = Path(task.job_dir or self.job_root / task.job_name())
         exit_doc = read_json(job_dir / "exit.json")
         if exit_doc is not None:
-            self._forget(task.id)
+            self.processes.pop(task.id, None)
             return observation_from_exit(exit_doc)
         if self._alive(task):
             status = read_json(job_dir / "status.json") or {}
             return Observation(TaskState.RUNNING) if status.get("state") else None
         # The process is gone: a final look for the exit file it may have written meanwhile.
         exit_doc = read_json(job_dir / "exit.json")
-        self._forget(task.id)
+        self.processes.pop(task.id, None)
         if exit_doc is not None:
             return observation_from_exit(exit_doc)
         return Observation(
@@ -173,10 +134,6 @@ class HostDriver(PoolDriver):
             return False
         return str(task.job_dir).encode() in cmdline
 
-    def _forget(self, task_id: int) -> None:
-        self.processes.pop(task_id, None)
-        self.gpus.give_back(task_id)
-
     async def cancel(self, task: Task) -> None:
         if not task.native_id or not self._alive(task):
             return
@@ -188,7 +145,6 @@ class HostDriver(PoolDriver):
                 await asyncio.wait_for(process.wait(), _KILL_GRACE_S)
             except TimeoutError:
                 _signal_group(pid, signal.SIGKILL)
-        self._forget(task.id)
 
     async def close(self) -> None:
         self.processes.clear()  # runners live on; a restarted server adopts them

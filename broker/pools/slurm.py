@@ -59,6 +59,12 @@ class SlurmDriver(BatchDriver):
     kind = "slurm"
     STATES = SLURM_STATES
     REASONS = SLURM_REASONS
+    PREEMPTED = frozenset({"PREEMPTED"})
+    # sbatch's words when slurmctld cannot be reached (src/common/slurm_protocol_api.c).
+    UNREACHABLE = re.compile(
+        r"Unable to contact slurm controller|Socket timed out|"
+        r"Zero Bytes were transmitted|Connection refused"
+    )
 
     def directives(self, task: Task, profile: Profile, job_dir: str) -> list[str]:
         settings = self.pool.settings

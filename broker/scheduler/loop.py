@@ -1,4 +1,9 @@
-"""The scheduler cycle: read the store, ask the pools, place, submit, write back."""
+"""The scheduler cycle: read the store, ask the pools, place, submit, write back.
+
+No submission is in flight between two cycles, so a task found PLACED at the start of a
+cycle is one whose submission's outcome is unknown (a timeout, a crash): its pool looks its
+tag up before anything is submitted again.
+"""
 
 from __future__ import annotations
 
@@ -11,13 +16,16 @@ from pathlib import Path
 
 from broker.domain import Estate, Task, TaskState
 from broker.errors import KliqueError, SubmitUnknown, TransportError
-from broker.pools.base import PoolDriver
+from broker.pools.base import Observation, PoolDriver
 from broker.scheduler.placement import (
     ActiveTask,
     PendingReason,
     PoolState,
     QueuedTask,
     SchedulerInput,
+    SchedulerSettings,
+    UsageRow,
+    decayed_usage,
     place,
 )
 from broker.store.repository import Store
@@ -25,7 +33,8 @@ from broker.store.repository import Store
 log = logging.getLogger("klique.scheduler")
 
 ACTIVE = (TaskState.SUBMITTED, TaskState.PENDING, TaskState.RUNNING)
-_HOLDING = (TaskState.PLACED, *ACTIVE)
+HOLDING = (TaskState.PLACED, *ACTIVE)
+_USAGE_HORIZON = 10  # half-lives of ledger history that still count for fair share
 
 
 @dataclass
@@ -57,77 +66,131 @@ class Scheduler:
                 w.cancel()
 
     async def cycle(self) -> None:
-        holding = self.store.tasks(states=_HOLDING)
-        by_pool: dict[str, list[Task]] = {name: [] for name in self.drivers}
-        for task in holding:
-            if task.pool in by_pool:
-                by_pool[task.pool].append(task)
-        await asyncio.gather(*(self._follow(name, tasks) for name, tasks in by_pool.items()))
-        holding = self.store.tasks(states=_HOLDING)
-        by_pool = {name: [t for t in holding if t.pool == name] for name in self.drivers}
+        holding = self._by_pool(self.store.tasks(states=HOLDING))
+        await asyncio.gather(*(self._follow(name, tasks) for name, tasks in holding.items()))
+        holding = self._by_pool(self.store.tasks(states=HOLDING))
         states = await asyncio.gather(
-            *(self._capacity(name, tasks) for name, tasks in by_pool.items())
+            *(self._capacity(name, tasks) for name, tasks in holding.items())
         )
         self.pool_states = {s.name: s for s in states}
-        queued = self.store.tasks(states=[TaskState.QUEUED])
-        if queued:
-            await self._place(queued, holding)
-        else:
-            self.pending = {}
+        await self._place(
+            self.store.tasks(states=[TaskState.QUEUED]),
+            [t for tasks in holding.values() for t in tasks],
+        )
         self.cycles += 1
 
+    def _by_pool(self, tasks: Sequence[Task]) -> dict[str, list[Task]]:
+        grouped: dict[str, list[Task]] = {name: [] for name in self.drivers}
+        for task in tasks:
+            if task.pool in grouped:
+                grouped[task.pool].append(task)
+        return grouped
+
+    # Following what pools say.
+
     async def _follow(self, pool: str, tasks: Sequence[Task]) -> None:
-        active = [t for t in tasks if t.state in ACTIVE]
-        if not active:
+        if not tasks:
             return
         try:
-            news = await self.drivers[pool].poll(active)
+            news = await self.drivers[pool].poll(tasks)
         except KliqueError as exc:  # a failing status query never fails a task
             log.warning("pool %s: status query failed: %s", pool, exc)
             return
+        by_id = {t.id: t for t in tasks}
         for task_id, seen in news.items():
+            self._apply(by_id[task_id], seen)
+
+    def _apply(self, task: Task, seen: Observation) -> None:
+        if task.state is TaskState.PLACED:
+            self._adopt(task, seen)
+        elif seen.state.final and self._requeues(task, seen):
+            self._requeue(task, f"{seen.reason}; requeued", skip=False)
+        else:
+            extra = {"exit_code": seen.exit_code} if seen.exit_code is not None else {}
             self.store.change_state(
-                task_id,
-                seen.state,
-                seen.reason or None,
-                only_from=ACTIVE,
-                **({"exit_code": seen.exit_code} if seen.exit_code is not None else {}),
+                task.id, seen.state, seen.reason or None, only_from=ACTIVE, **extra
             )
+
+    def _adopt(self, task: Task, seen: Observation) -> None:
+        """A PLACED task whose submission's outcome was unknown: found, or safe to resubmit."""
+        if seen.state is TaskState.QUEUED:
+            self._requeue(task, seen.reason, skip=False, only_from=[TaskState.PLACED])
+            return
+        log.info("task %s: found its job %s in pool %s", task.id, seen.native_id, task.pool)
+        self.store.change_state(
+            task.id,
+            TaskState.SUBMITTED,
+            "",
+            only_from=[TaskState.PLACED],
+            native_id=seen.native_id,
+            job_dir=seen.job_dir,
+        )
+
+    def _requeues(self, task: Task, seen: Observation) -> bool:
+        """Preempted runs go back to the queue: reclaimed by Klique, or by the pool if it says."""
+        if task.preempted:
+            return True
+        pool = self.estate.pools.get(task.pool or "")
+        return bool(seen.preempted and pool and pool.settings.get("requeue_preempted"))
+
+    def _requeue(
+        self,
+        task: Task,
+        reason: str,
+        *,
+        skip: bool,
+        only_from: Sequence[TaskState] = (*ACTIVE, TaskState.PLACED),
+    ) -> None:
+        skip_pools = task.skip_pools | ({task.pool} if skip and task.pool else set())
+        self.store.change_state(
+            task.id,
+            TaskState.QUEUED,
+            reason,
+            only_from=only_from,
+            pool=None,
+            native_id=None,
+            job_dir=None,
+            borrowed=False,
+            preempted=False,
+            gpu_ids=[],
+            skip_pools=skip_pools,
+        )
 
     async def _capacity(self, pool: str, tasks: Sequence[Task]) -> PoolState:
         try:
-            return await self.drivers[pool].capacity(tasks)
+            return await self.drivers[pool].capacity([t for t in tasks if t.state in ACTIVE])
         except KliqueError as exc:
             return PoolState(pool, reachable=False, reason=str(exc))
 
+    # Placing.
+
     async def _place(self, queued: Sequence[Task], holding: Sequence[Task]) -> None:
         now = time.time()
-        inputs = SchedulerInput(
-            estate=self.estate,
-            queued=[
-                QueuedTask(
-                    t.id, t.owner, t.team, t.resource, t.queued_at or t.created_at, t.skip_pools
-                )
-                for t in queued
-            ],
-            active=[
-                ActiveTask(
-                    t.id,
-                    t.owner,
-                    t.team,
-                    t.resource,
-                    t.pool or "",
-                    t.state is TaskState.RUNNING,
-                    t.started_at or t.submitted_at or now,
-                    t.borrowed,
-                )
-                for t in holding
-            ],
-            pools=self.pool_states,
-            now=now,
+        out = place(
+            SchedulerInput(
+                estate=self.estate,
+                queued=[
+                    QueuedTask(
+                        t.id, t.owner, t.team, t.resource, t.queued_at or t.created_at, t.skip_pools
+                    )
+                    for t in queued
+                ],
+                active=[_active(t, now) for t in holding],
+                pools=self.pool_states,
+                usage=self._usage(now),
+                now=now,
+                settings=SchedulerSettings(
+                    min_run_s=self.estate.min_run_s,
+                    grace_s=self.estate.reclaim_grace_s,
+                    max_preemptions_per_cycle=self.estate.max_preemptions_per_cycle,
+                    starvation_s=self.estate.starvation_s,
+                ),
+            )
         )
-        out = place(inputs)
         self.pending = out.pending
+        by_id = {t.id: t for t in (*queued, *holding)}
+        await asyncio.gather(*(self._withdraw(by_id[i]) for i in out.withdrawals if i in by_id))
+        await asyncio.gather(*(self._preempt(by_id[i]) for i in out.preemptions if i in by_id))
         placed = []
         for decision in out.placements:
             task = self.store.change_state(
@@ -137,9 +200,22 @@ class Scheduler:
                 only_from=[TaskState.QUEUED],
                 pool=decision.pool,
                 borrowed=decision.borrowed,
+                gpu_ids=list(decision.gpus),
+                attempts=by_id[decision.task_id].attempts + 1,
             )
             if task is not None:
                 placed.append(task)
+        await self._submit_all(placed)
+
+    def _usage(self, now: float) -> dict[str, float]:
+        half_life = self.estate.fair_share_half_life_s
+        rows = [
+            UsageRow(r.team or "", r.start, r.end, r.gpus)
+            for r in self.store.ledger(since=now - _USAGE_HORIZON * half_life)
+        ]
+        return decayed_usage(rows, now, half_life)
+
+    async def _submit_all(self, placed: Sequence[Task]) -> None:
         # Submissions to one pool overlap up to its submit_concurrency (pooled connections).
         limits = {
             name: asyncio.Semaphore(int(str(p.settings.get("submit_concurrency") or 8)))
@@ -158,14 +234,13 @@ class Scheduler:
             done = await driver.submit(task)
         except SubmitUnknown as exc:
             log.warning("task %s: submission outcome unknown: %s", task.id, exc)
-            return  # stays PLACED; reconciliation looks its tag up before any retry
-        except TransportError as exc:
-            self.store.change_state(
-                task.id,
-                TaskState.QUEUED,
+            return  # stays PLACED: the next cycle looks its tag up before any retry
+        except TransportError as exc:  # nothing was submitted: try again when it is back
+            self._requeue(
+                task,
                 f"pool {task.pool} unreachable: {exc}",
+                skip=False,
                 only_from=[TaskState.PLACED],
-                pool=None,
             )
             return
         except KliqueError as exc:  # refused: the pool's words, an unmapped user, a template
@@ -189,17 +264,59 @@ class Scheduler:
                 self.store.update(task.id, native_id=done.native_id, job_dir=done.job_dir)
             )
 
+    async def _withdraw(self, task: Task) -> None:
+        """Spill-over: take a task that waited too long out of its pool, try the next one."""
+        if task.state not in (TaskState.SUBMITTED, TaskState.PENDING):
+            return
+        try:
+            await self.drivers[task.pool or ""].cancel(task)
+        except KliqueError as exc:
+            log.warning("task %s: could not withdraw it from %s: %s", task.id, task.pool, exc)
+            return
+        self._requeue(
+            task,
+            f"waited past max_wait in {task.pool}; trying the next pool",
+            skip=True,
+            only_from=[TaskState.SUBMITTED, TaskState.PENDING],
+        )
+
+    async def _preempt(self, task: Task) -> None:
+        """Reclaim: stop a borrowed run; it is requeued when its pool reports it ended."""
+        if task.state not in ACTIVE or task.preempted:
+            return
+        self.store.update(task.id, preempted=True, reason="preempted to return a reservation")
+        try:
+            await self.drivers[task.pool or ""].preempt(task)
+        except KliqueError as exc:
+            log.warning("task %s: could not preempt it: %s", task.id, exc)
+
     async def cancel(self, task: Task) -> Task:
         """Cancel a task wherever it is; one still queued in Klique never reaches a pool."""
         early = (TaskState.CREATED, TaskState.QUEUED, TaskState.HELD, TaskState.PLACED)
-        done = self.store.change_state(
-            task.id, TaskState.CANCELLED, "cancelled by its owner", only_from=early
-        )
+        reason = "cancelled by its owner"
+        done = self.store.change_state(task.id, TaskState.CANCELLED, reason, only_from=early)
         if done is not None:
             return done
         if task.state in ACTIVE and task.pool in self.drivers:
             await self.drivers[task.pool].cancel(task)
-        done = self.store.change_state(
-            task.id, TaskState.CANCELLED, "cancelled by its owner", only_from=ACTIVE
-        )
+        done = self.store.change_state(task.id, TaskState.CANCELLED, reason, only_from=ACTIVE)
         return done or self.store.get(task.id)
+
+
+def _active(task: Task, now: float) -> ActiveTask:
+    running = task.state is TaskState.RUNNING
+    since = (task.started_at if running else task.submitted_at) or now
+    return ActiveTask(
+        task.id,
+        task.owner,
+        task.team,
+        task.resource,
+        task.pool or "",
+        running,
+        since,
+        borrowed=task.borrowed,
+        gpus=task.gpu_ids,
+        preempted=task.preempted,
+        skip_pools=task.skip_pools,
+        native_reason=task.reason,
+    )

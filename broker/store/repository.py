@@ -187,14 +187,16 @@ class Store:
             if only_from is not None and old not in only_from:
                 return None
             transition(old, new)
-            for name, value in fields.items():
-                setattr(row, name, json.dumps(sorted(value)) if name == "skip_pools" else value)
+            _set_fields(row, fields)
             if reason is not None:
                 row.reason = reason
             if old != new:
                 row.state = new.value
-                if new in _STAMPS:
-                    setattr(row, _STAMPS[new], now)
+                stamp = _STAMPS.get(new)
+                if stamp == "queued_at" and row.queued_at is not None:
+                    stamp = None  # age counts from the first time it queued (requeues keep it)
+                if stamp is not None:
+                    setattr(row, stamp, now)
                 if new.final:
                     row.finished_at = now
                 session.add(
@@ -217,8 +219,7 @@ class Store:
             row = session.get(TaskRow, task_id, with_for_update=True)
             if row is None:
                 raise NotFound(f"no task {task_id}")
-            for name, value in fields.items():
-                setattr(row, name, value)
+            _set_fields(row, fields)
             row.updated_at = time.time()
             return _task(row)
 
@@ -310,6 +311,14 @@ class Store:
             return bool(session.scalar(select(func.count()).where(TokenRow.admin.is_(True))))
 
 
+_JSON_LISTS = {"skip_pools", "gpu_ids"}
+
+
+def _set_fields(row: TaskRow, fields: dict[str, Any]) -> None:
+    for name, value in fields.items():
+        setattr(row, name, json.dumps(sorted(value)) if name in _JSON_LISTS else value)
+
+
 def _task(row: TaskRow) -> Task:
     return Task(
         id=row.id,
@@ -326,6 +335,8 @@ def _task(row: TaskRow) -> Task:
         gpus=row.gpus,
         skip_pools=frozenset(json.loads(row.skip_pools or "[]")),
         attempts=row.attempts,
+        gpu_ids=tuple(json.loads(row.gpu_ids or "[]")),
+        preempted=row.preempted,
         report_token=row.report_token,
         created_at=row.created_at,
         queued_at=row.queued_at,

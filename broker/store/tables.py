@@ -27,7 +27,9 @@ class TaskRow(Base):
     spec: Mapped[str] = mapped_column(Text)  # TaskSpec as JSON
     exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
     gpus: Mapped[float] = mapped_column(Float, default=0.0)  # GPUs the profile asks for
+    gpu_ids: Mapped[str] = mapped_column(Text, default="[]")  # JSON list: host GPUs given
     borrowed: Mapped[bool] = mapped_column(Boolean, default=False)
+    preempted: Mapped[bool] = mapped_column(Boolean, default=False)
     skip_pools: Mapped[str] = mapped_column(Text, default="[]")  # JSON list (spill-over)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     report_token: Mapped[str] = mapped_column(String(64))

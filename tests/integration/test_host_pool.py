@@ -197,3 +197,93 @@ def test_users_see_only_their_own_tasks(host_server):
 def test_the_openapi_document_is_served(host_server):
     doc = httpx.get(host_server.url + "/openapi.json").json()
     assert "/api/v1/tasks" in doc["paths"] and "/api/v1/tasks/{task_id}/why" in doc["paths"]
+
+
+ONE_SLOT = """
+teams:
+  vision: [alice]
+resources:
+  cpu:
+    profile: {cpus: 1, memory: 1G, walltime: 1h, pools: [local]}
+pools:
+  local:
+    kind: host
+    slots: 1
+policies:
+  vision:
+    resources: [cpu]
+    limit: {cpu: 1}
+"""
+
+
+def test_why_explains_a_waiting_task_and_it_starts_when_the_slot_frees(server_factory):
+    server = server_factory(ONE_SLOT)
+    alice = server.make_token("alice")
+    first = submitted_id(
+        server.cli("submit", "--no-code", "--json", "--", "sleep", "600", token=alice)
+    )
+    server.wait_state(first, {"running"}, token=alice)
+    second = submitted_id(server.cli("submit", "--no-code", "--json", "--", "true", token=alice))
+    why = wait_for(
+        lambda: (
+            json.loads(server.cli("why", str(second), "--json", token=alice).output)["waiting"]
+            and json.loads(server.cli("why", str(second), "--json", token=alice).output)
+        ),
+        30,
+        "the second task to wait",
+    )
+    assert why["primary"] == "over-limit" and why["state"] == "queued"
+    shown = server.cli("why", str(second), token=alice).output
+    assert f"task {second} waits [over-limit]" in shown
+    assert server.cli("why", str(first), token=alice).output.startswith(
+        f"task {first} is not waiting: it is running"
+    )
+    listed = json.loads(server.cli("ls", "--json", token=alice).output)
+    assert next(t for t in listed if t["id"] == second)["reason"].startswith(
+        "the team is at its limit"
+    )
+    server.cli("cancel", str(first), token=alice)
+    assert server.wait_state(second, token=alice)["state"] == "completed"
+
+
+def test_a_preempted_host_task_is_requeued_and_runs_again(server_factory):
+    """Reclaim on a host pool: bob borrows alice's reserved slot and hands it back."""
+    server = server_factory(RECLAIM_ESTATE)
+    alice, bob = server.make_token("alice"), server.make_token("bob")
+    borrowed = submitted_id(
+        server.cli(
+            "submit", "--no-code", "--json", "--", "sh", "-c", "echo run; sleep 600", token=bob
+        )
+    )
+    assert server.wait_state(borrowed, {"running"}, token=bob)["borrowed"] is True
+    mine = submitted_id(server.cli("submit", "--no-code", "--json", "--", "true", token=alice))
+    assert server.wait_state(mine, token=alice, timeout=60)["state"] == "completed"
+    back = server.wait_state(borrowed, {"queued", "placed", "submitted", "running"}, token=bob)
+    shown = json.loads(server.cli("show", str(borrowed), "--json", token=bob).output)
+    history = [e["to"] for e in shown["events"]]
+    assert history[:4] == ["queued", "placed", "submitted", "running"]
+    assert "queued" in history[4:], history
+    assert back["state"] in ("queued", "placed", "submitted", "running")
+
+
+RECLAIM_ESTATE = """
+defaults:
+  min_run: 0s
+  reclaim_grace: 0s
+teams:
+  vision: [alice]
+  nlp: [bob]
+resources:
+  cpu:
+    profile: {cpus: 1, memory: 1G, walltime: 1h, pools: [local]}
+pools:
+  local:
+    kind: host
+    slots: 1
+policies:
+  vision:
+    resources: [cpu]
+    reservation: {cpu: 1}
+  nlp:
+    resources: [cpu]
+"""
