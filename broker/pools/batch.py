@@ -20,7 +20,7 @@ from broker.errors import KliqueError, NotPermitted, SubmitError, SubmitUnknown,
 from broker.pools.base import Context, Observation, PoolDriver, Submission, observation_from_exit
 from broker.scheduler.placement import PoolState
 from broker.templates import render, safe_directive, template_name
-from broker.transport import Transport, check_account, make_transport
+from broker.transport import Completed, Transport, check_account, make_transport
 
 log = logging.getLogger("klique.pools")
 
@@ -89,6 +89,11 @@ class BatchDriver(PoolDriver):
 
     @abstractmethod
     def parse_status(self, stdout: str) -> list[NativeStatus]: ...
+
+    def status_listed(self, done: Completed) -> bool:
+        """Whether a status query that exited non-zero still listed the jobs it knows (some
+        schedulers exit non-zero when a named job has left, or when there is nothing to show)."""
+        return False
 
     @abstractmethod
     def cancel_argv(self, native_id: str) -> list[str]: ...
@@ -256,7 +261,7 @@ class BatchDriver(PoolDriver):
             account=self.query_account(),
             timeout=max(30.0, self.interval_s),
         )
-        if done.returncode != 0:
+        if done.returncode != 0 and not self.status_listed(done):
             raise TransportError(done.stderr.strip() or f"exit {done.returncode}")
         return self.parse_status(done.stdout)
 

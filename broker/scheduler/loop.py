@@ -16,6 +16,7 @@ from pathlib import Path
 
 from broker.domain import Estate, Task, TaskState
 from broker.errors import KliqueError, SubmitUnknown, TransportError
+from broker.faults import crash_point
 from broker.pools.base import Observation, PoolDriver
 from broker.scheduler.placement import (
     ActiveTask,
@@ -96,6 +97,7 @@ class Scheduler:
         except KliqueError as exc:  # a failing status query never fails a task
             log.warning("pool %s: status query failed: %s", pool, exc)
             return
+        crash_point("after_poll")
         by_id = {t.id: t for t in tasks}
         for task_id, seen in news.items():
             self._apply(by_id[task_id], seen)
@@ -230,6 +232,7 @@ class Scheduler:
 
     async def _submit(self, task: Task) -> None:
         driver = self.drivers[task.pool or ""]
+        crash_point("before_submit")
         try:
             done = await driver.submit(task)
         except SubmitUnknown as exc:
@@ -251,6 +254,7 @@ class Scheduler:
                 only_from=[TaskState.PLACED],
             )
             return
+        crash_point("after_submit")
         moved = self.store.change_state(
             task.id,
             TaskState.SUBMITTED,
