@@ -155,6 +155,9 @@ def token_create(user: str, admin: bool) -> None:
     metavar="SPEC",
     help="A package the task needs (repeatable).",
 )
+@click.option("--requirements-file", metavar="PATH",
+              help="requirements.txt, pyproject.toml or uv.lock in the code, for the task's "
+              "environment (relative to where the task runs).")
 @click.option("--image", help="A container image to run in.")
 @click.option("--no-code", is_flag=True, help="Do not capture the git checkout around here.")
 @click.option("--wait", is_flag=True, help="Wait for the task to end; exit with its status.")
@@ -166,6 +169,7 @@ def submit(
     name: str,
     env: tuple[str, ...],
     requirements: tuple[str, ...],
+    requirements_file: str | None,
     image: str | None,
     no_code: bool,
     wait: bool,
@@ -189,6 +193,7 @@ def submit(
         "name": name,
         "env": variables,
         "requirements": list(requirements),
+        "requirements_file": requirements_file,
         "image": image,
         "code": code.__dict__ if code else None,
     }
@@ -374,6 +379,7 @@ def pools(as_json: bool) -> None:
             ("free_slots", "FREE SLOTS"),
             ("free_gpus", "FREE GPUS"),
             ("queued", "QUEUED"),
+            ("unknown_jobs", "UNKNOWN JOBS"),
             ("reason", "REASON"),
         ],
     )

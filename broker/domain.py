@@ -225,6 +225,7 @@ class TaskSpec:
     env: dict[str, str] = field(default_factory=dict)
     code: CodeSpec | None = None
     requirements: tuple[str, ...] = ()
+    requirements_file: str | None = None  # in the code: requirements.txt, pyproject.toml, uv.lock
     image: str | None = None
 
 

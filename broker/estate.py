@@ -125,7 +125,7 @@ class DefaultsFile(_Strict):
     fair_share_half_life: Seconds = 7 * 86400
     min_run: SecondsOrZero = 600
     reclaim_grace: SecondsOrZero = 120
-    max_preemptions_per_cycle: int = Field(8, ge=0)
+    max_preemptions_per_cycle: Annotated[int, Field(ge=0)] = 8
     starvation: Seconds = 3600
 
 

@@ -100,6 +100,7 @@ def create_app(scheduler: Scheduler, lifespan: Any = None) -> FastAPI:
             project=body.project,
             env=dict(body.env),
             requirements=tuple(body.requirements),
+            requirements_file=body.requirements_file,
             image=body.image,
             code=CodeSpec(**body.code.model_dump()) if body.code else None,
         )
@@ -185,7 +186,7 @@ def create_app(scheduler: Scheduler, lifespan: Any = None) -> FastAPI:
     @app.get(f"{API}/pools")
     def pools(who: Auth) -> list[PoolOut]:
         return [
-            PoolOut.of(p, scheduler.pool_states.get(p.name))
+            PoolOut.of(p, scheduler.pool_states.get(p.name), scheduler.drivers[p.name].strangers)
             for p in scheduler.estate.pools.values()
         ]
 

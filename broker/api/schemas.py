@@ -26,6 +26,7 @@ class SubmitRequest(BaseModel):
     env: dict[str, str] = {}
     code: CodeIn | None = None
     requirements: list[str] = []
+    requirements_file: str | None = None
     image: str | None = None
 
 
@@ -166,9 +167,10 @@ class PoolOut(BaseModel):
     free_slots: int | None
     free_gpus: float
     queued: int
+    unknown_jobs: list[str]  # jobs with Klique's tag that no task owns: reported, left alone
 
     @classmethod
-    def of(cls, pool: Pool, state: PoolState | None) -> PoolOut:
+    def of(cls, pool: Pool, state: PoolState | None, strangers: set[str]) -> PoolOut:
         state = state or PoolState(pool.name, reachable=False, reason="not polled yet")
         return cls(
             name=pool.name,
@@ -179,4 +181,5 @@ class PoolOut(BaseModel):
             free_slots=state.free_slots,
             free_gpus=state.free_gpus,
             queued=state.queued,
+            unknown_jobs=sorted(strangers),
         )

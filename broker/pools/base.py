@@ -55,6 +55,7 @@ class PoolDriver(ABC):
     def __init__(self, pool: Pool, context: Context) -> None:
         self.pool = pool
         self.context = context
+        self.strangers: set[str] = set()  # native ids of jobs with Klique's tag no task owns
 
     @abstractmethod
     async def capacity(self, active: Sequence[Task]) -> PoolState:
@@ -71,6 +72,11 @@ class PoolDriver(ABC):
     @abstractmethod
     async def cancel(self, task: Task) -> None:
         """Stop the task's job, queued or running."""
+
+    def uv_path(self) -> str | None:
+        """The uv the runner uses: the pool's setting, else this server's own (same machine)."""
+        configured = self.pool.settings.get("uv")
+        return str(configured) if configured else own_uv()
 
     async def preempt(self, task: Task) -> None:
         """Stop a run so that it ends as preempted: a marker the runner reads, then cancel."""
@@ -103,13 +109,25 @@ class PoolDriver(ABC):
             "command": list(task.spec.command),
             "env": spec["env"],
             "code": spec["code"],
-            "requirements": list(task.spec.requirements),
+            "requirements": list(task.spec.requirements) or None,
+            "requirements_file": task.spec.requirements_file,
             "image": task.spec.image,
             "gpus": None if gpus is None else list(gpus),
             "report": report,
             "cache_dir": self.pool.settings.get("cache_dir"),
-            "uv": self.pool.settings.get("uv"),
+            "uv": self.uv_path(),
         }
+
+
+def own_uv() -> str | None:
+    try:
+        from uv import find_uv_bin
+    except ImportError:
+        return shutil.which("uv")
+    try:
+        return str(find_uv_bin())
+    except FileNotFoundError:
+        return shutil.which("uv")
 
 
 def write_job_dir(job_dir: Path, document: Mapping[str, Any], runner: Path) -> None:

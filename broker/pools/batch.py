@@ -13,11 +13,19 @@ import time
 from abc import abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, ClassVar
 
 from broker.domain import Pool, Profile, Task, TaskState
 from broker.errors import KliqueError, NotPermitted, SubmitError, SubmitUnknown, TransportError
-from broker.pools.base import Context, Observation, PoolDriver, Submission, observation_from_exit
+from broker.pools.base import (
+    Context,
+    Observation,
+    PoolDriver,
+    Submission,
+    observation_from_exit,
+    own_uv,
+)
 from broker.scheduler.placement import PoolState
 from broker.templates import render, safe_directive, template_name
 from broker.transport import Completed, Transport, check_account, make_transport
@@ -68,7 +76,7 @@ class BatchDriver(PoolDriver):
         self._capacity = Capacity()
         self._capacity_error = ""
         self.status_calls = 0
-        self.strangers: set[str] = set()  # native ids of tagged jobs no task owns
+        self._uv_staged = False
 
     # Hooks a scheduler module supplies.
 
@@ -172,8 +180,33 @@ class BatchDriver(PoolDriver):
         name = template_name(self.kind, resource.name, self.pool.template)
         return render(name, context)
 
+    def uv_path(self) -> str | None:
+        """`uv: stage` puts this server's uv under job_root once; a path names the node's own;
+        unset, the runner looks on the node's PATH (and falls back to venv + pip)."""
+        configured = self.pool.settings.get("uv")
+        if configured == "stage":
+            return f"{self.job_root.rstrip('/')}/.klique/uv"
+        return str(configured) if configured else None
+
+    async def _stage_uv(self, account: str) -> None:
+        staged = self.uv_path()
+        if self.pool.settings.get("uv") != "stage" or self._uv_staged or staged is None:
+            return
+        if (await self.transport.run(["test", "-x", staged], account=account)).returncode != 0:
+            source = own_uv()
+            if source is None:
+                raise SubmitError(
+                    "the pool says `uv: stage` but this server has no uv to stage; "
+                    "fix: install uv beside the server, or name the node's uv"
+                )
+            await self.transport.make_dir(staged.rsplit("/", 1)[0], account=account)
+            data = Path(source).read_bytes()
+            await self.transport.write_file(staged, data, account=account, mode=0o755)
+        self._uv_staged = True
+
     async def submit(self, task: Task) -> Submission:
         account = self.account(task)
+        await self._stage_uv(account)
         job_dir = self.job_dir(task)
         script = self.render(task, job_dir)
         files = {

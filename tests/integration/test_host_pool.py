@@ -287,3 +287,16 @@ policies:
   nlp:
     resources: [cpu]
 """
+
+
+def test_a_task_with_requirements_runs_with_those_packages(host_server):
+    code = "import six; print('six', six.__version__)"
+    first = submitted_id(host_server.cli("submit", "--no-code", "--json", "--requirement",
+                                         "six==1.16.0", "--", "python", "-c", code))
+    assert host_server.wait_state(first, timeout=120)["state"] == "completed"
+    assert "six 1.16.0" in host_server.cli("logs", str(first)).output
+    second = submitted_id(host_server.cli("submit", "--no-code", "--json", "--requirement",
+                                          "six==1.16.0", "--", "python", "-c", code))
+    assert host_server.wait_state(second, timeout=120)["state"] == "completed"
+    logs = host_server.cli("logs", str(second)).output
+    assert "reusing environment" in logs and "six 1.16.0" in logs

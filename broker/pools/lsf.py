@@ -1,0 +1,195 @@
+"""IBM Spectrum LSF: `bsub < job.sh`, one `bjobs -a -o ... -json` per cycle for the pool's
+accounts, bkill. An EXIT is told apart by its termination reason; the exit file decides."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from broker.domain import Profile, Task, TaskState
+from broker.errors import SubmitError, TransportError
+from broker.pools.batch import BatchDriver, NativeStatus
+from broker.transport import Completed
+
+# IBM Spectrum LSF 10.1 Command Reference, bjobs, "Job states" (the STAT field).
+LSF_STATES: dict[str, TaskState] = {
+    "PEND": TaskState.PENDING,  # pending: not yet started
+    "PROV": TaskState.PENDING,  # dispatched to a power-saved host that is waking up
+    "WAIT": TaskState.PENDING,  # a chunk job member waiting to run
+    "PSUSP": TaskState.PENDING,  # suspended by its owner or an administrator while pending
+    "RUN": TaskState.RUNNING,  # running
+    "USUSP": TaskState.RUNNING,  # suspended by its owner or an administrator while running
+    "SSUSP": TaskState.RUNNING,  # suspended by LSF (host load, or the queue's run window closed)
+    "UNKWN": TaskState.RUNNING,  # mbatchd lost contact with the host's sbatchd; it may come back
+    "ZOMBI": TaskState.LOST,  # killed while its host was unreachable; LSF keeps trying to kill it
+    "DONE": TaskState.COMPLETED,  # terminated with status 0
+    "EXIT": TaskState.FAILED,  # terminated with a non-zero status, or killed (see below)
+}
+
+# IBM Spectrum LSF 10.1, "Termination reasons" (bjobs -o exit_reason, bhist -l, bacct -l):
+# why LSF ended an EXIT job, where the exit file cannot tell.
+LSF_TERMINATIONS: dict[str, TaskState] = {
+    "TERM_RUNLIMIT": TaskState.TIMEOUT,  # killed after reaching its run time limit (-W)
+    "TERM_DEADLINE": TaskState.TIMEOUT,  # killed after its deadline
+    "TERM_OWNER": TaskState.CANCELLED,  # killed by its owner (bkill)
+    "TERM_FORCE_OWNER": TaskState.CANCELLED,  # killed by its owner without time for cleanup
+    "TERM_ADMIN": TaskState.CANCELLED,  # killed by root or an LSF administrator
+    "TERM_FORCE_ADMIN": TaskState.CANCELLED,  # the same, without time for cleanup
+    "TERM_BUCKET_KILL": TaskState.CANCELLED,  # killed with bkill -b
+    "TERM_MEMLIMIT": TaskState.FAILED,  # killed after reaching its memory limit
+    "TERM_CPULIMIT": TaskState.FAILED,  # killed after reaching its CPU time limit
+    "TERM_PREEMPT": TaskState.FAILED,  # killed after preemption
+    "TERM_WINDOW": TaskState.FAILED,  # killed after the queue's run window closed
+    "TERM_LOAD": TaskState.FAILED,  # killed after the host's load exceeded a threshold
+    "TERM_CWD_NOTEXIST": TaskState.FAILED,  # its working directory was not accessible
+    "TERM_ZOMBIE": TaskState.LOST,  # exited while LSF was not available
+}
+# The run limit's kill sequence starts with SIGUSR2, so a job LSF ended there exits 128 + 12
+# even where the termination reason is not reported.
+_RUNLIMIT_EXIT_CODE = 140
+
+# Every state the parser yields: STAT, and "EXIT/<termination reason>".
+LSF_ALL_STATES: dict[str, TaskState] = {
+    **LSF_STATES,
+    **{f"EXIT/{term}": state for term, state in LSF_TERMINATIONS.items()},
+}
+LSF_REASONS: dict[str, str] = {
+    "PEND": "pending in LSF",
+    "PSUSP": "suspended in LSF while pending",
+    "USUSP": "suspended in LSF by its owner or an administrator",
+    "SSUSP": "suspended by LSF",
+    "UNKWN": "LSF lost contact with its execution host",
+    "ZOMBI": "killed while its execution host was unreachable (LSF ZOMBI)",
+    "EXIT": "the job failed (LSF EXIT)",
+    "EXIT/TERM_RUNLIMIT": "ran past its walltime (LSF TERM_RUNLIMIT)",
+    "EXIT/TERM_DEADLINE": "ran past its deadline (LSF TERM_DEADLINE)",
+    "EXIT/TERM_OWNER": "killed by its owner in LSF (bkill)",
+    "EXIT/TERM_FORCE_OWNER": "killed by its owner in LSF (bkill)",
+    "EXIT/TERM_ADMIN": "killed by an LSF administrator",
+    "EXIT/TERM_FORCE_ADMIN": "killed by an LSF administrator",
+    "EXIT/TERM_BUCKET_KILL": "killed in LSF (bkill -b)",
+    "EXIT/TERM_MEMLIMIT": "went over its memory limit (LSF TERM_MEMLIMIT)",
+    "EXIT/TERM_CPULIMIT": "went over its CPU time limit (LSF TERM_CPULIMIT)",
+    "EXIT/TERM_PREEMPT": "preempted (LSF TERM_PREEMPT)",
+    "EXIT/TERM_WINDOW": "its queue's run window closed (LSF TERM_WINDOW)",
+    "EXIT/TERM_LOAD": "its host was overloaded (LSF TERM_LOAD)",
+    "EXIT/TERM_CWD_NOTEXIST": "its working directory was not accessible (LSF TERM_CWD_NOTEXIST)",
+    "EXIT/TERM_ZOMBIE": "exited while LSF was not available (LSF TERM_ZOMBIE)",
+}
+
+# bjobs -o fields; -json prints each as a string, "" where the table shows "-".
+_FIELDS = "jobid stat user job_name exit_code exit_reason pend_reason suspend_reason"
+_SUBMITTED = re.compile(r"Job <(\d+)> is submitted")
+# bsub reads '#BSUB' lines only from a script on its standard input (or with
+# LSB_BSUB_PARSE_SCRIPT=Y); the script's path reaches the shell as data, never as text.
+_SUBMIT = 'exec bsub < "$1"'
+
+
+class LsfDriver(BatchDriver):
+    kind = "lsf"
+    STATES = LSF_ALL_STATES
+    REASONS = LSF_REASONS
+
+    def directives(self, task: Task, profile: Profile, job_dir: str) -> list[str]:
+        settings = self.pool.settings
+        found = [f"-J {task.tag}", f"-Jd {task.tag}"]
+        if settings.get("queue"):
+            found.append(f"-q {settings['queue']}")
+        if settings.get("account"):
+            found.append(f"-P {settings['account']}")
+        found += [
+            f"-n {profile.cpus}",
+            '-R "span[hosts=1]"',
+            # A unit on mem keeps the request independent of the site's LSF_UNIT_FOR_LIMITS.
+            f'-R "rusage[mem={profile.memory_mb}MB]"',
+        ]
+        gpus = whole_gpus(profile)
+        if gpus:
+            found.append(f'-gpu "num={gpus}"')
+        found += [f"-W {run_limit_minutes(profile.walltime_s)}", f"-o {job_dir}/lsf-%J.out"]
+        return found
+
+    def submit_argv(self, script: str) -> list[str]:
+        return ["sh", "-c", _SUBMIT, "sh", script]
+
+    def parse_submit(self, stdout: str) -> str:
+        return parse_bsub(stdout)
+
+    def status_argv(self, accounts: Sequence[str]) -> list[str]:
+        # -u takes one user name or "all"; jobs of accounts outside the pool are ignored.
+        user = accounts[0] if len(accounts) == 1 else "all"
+        return ["bjobs", "-a", "-o", _FIELDS, "-json", "-u", user]
+
+    def status_listed(self, done: Completed) -> bool:
+        # With nothing to show bjobs exits 255 and -json still prints an empty RECORDS list.
+        try:
+            doc = json.loads(done.stdout)
+        except ValueError:
+            return False
+        return isinstance(doc, dict) and isinstance(doc.get("RECORDS"), list)
+
+    def parse_status(self, stdout: str) -> list[NativeStatus]:
+        return parse_bjobs_json(stdout)
+
+    def cancel_argv(self, native_id: str) -> list[str]:
+        return ["bkill", native_id]
+
+
+def whole_gpus(profile: Profile) -> int:
+    """LSF allocates whole GPUs: a fraction or an amount of GPU memory takes one."""
+    if profile.gpus:
+        return profile.gpus
+    return 1 if (profile.gpu_fraction or profile.gpu_memory_mb) else 0
+
+
+def run_limit_minutes(walltime_s: int) -> int:
+    """bsub -W takes whole minutes; a walltime is rounded up so the job is never cut short."""
+    return max(1, math.ceil(walltime_s / 60))
+
+
+def parse_bsub(stdout: str) -> str:
+    """bsub: `Job <id> is submitted to [default ]queue <name>.`"""
+    match = _SUBMITTED.search(stdout)
+    if match is None:
+        raise SubmitError(f"bsub printed no job id: {stdout.strip()!r}")
+    return match.group(1)
+
+
+def parse_bjobs_json(stdout: str) -> list[NativeStatus]:
+    """`bjobs -o "..." -json`: {"RECORDS": [...]}; a job id it does not know is an ERROR record."""
+    try:
+        doc = json.loads(stdout) if stdout.strip() else {}
+    except ValueError as exc:
+        raise TransportError(f"bjobs -json printed no JSON: {exc}") from exc
+    records = doc.get("RECORDS") or []
+    return [_status(r) for r in records if isinstance(r, dict) and "ERROR" not in r]
+
+
+def _status(record: Mapping[str, Any]) -> NativeStatus:
+    stat = str(record.get("STAT", ""))
+    code = _int(record.get("EXIT_CODE"))
+    detail = str(record.get("PEND_REASON") or record.get("SUSPEND_REASON") or "")
+    if stat == "EXIT":
+        stat = _exit_state(str(record.get("EXIT_REASON") or ""), code)
+        detail = "" if code is None else f"exit code {code}"
+    return NativeStatus(
+        str(record.get("JOBID", "")), str(record.get("JOB_NAME", "")), stat, detail, code
+    )
+
+
+def _exit_state(exit_reason: str, code: int | None) -> str:
+    """`EXIT/<reason>` for a termination reason the table knows, else EXIT."""
+    term = exit_reason.split(":", 1)[0].strip()
+    if not term and code == _RUNLIMIT_EXIT_CODE:
+        term = "TERM_RUNLIMIT"
+    return f"EXIT/{term}" if term in LSF_TERMINATIONS else "EXIT"
+
+
+def _int(value: object) -> int | None:
+    try:
+        return int(str(value))
+    except ValueError:
+        return None

@@ -1,0 +1,242 @@
+"""PBS Professional and Torque (the pool's `dialect`): qsub, one `qstat -f` per cycle naming the
+pool's jobs, qdel. A finished job is told apart by its exit status; the exit file decides."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from broker.domain import Profile, Task, TaskState
+from broker.errors import SubmitError, TransportError
+from broker.pools.base import Observation
+from broker.pools.batch import BatchDriver, NativeStatus, walltime_hms
+from broker.transport import Completed
+
+# PBS Professional 2022 Reference Guide, qstat(1B) "Job States" (job_state of
+# pbs_job_attributes(7B)), and the TORQUE 6.1 Administrator Guide, qstat "job states".
+# The finished states (PBS Professional F, X for a subjob; Torque C) are in PBS_ENDINGS.
+PBS_STATES: dict[str, TaskState] = {
+    "Q": TaskState.PENDING,  # queued, eligible to run or be routed
+    "H": TaskState.PENDING,  # held
+    "W": TaskState.PENDING,  # waiting for its execution time (qsub -a) or for stage-in
+    "T": TaskState.PENDING,  # being moved to a new location
+    "R": TaskState.RUNNING,  # running
+    "S": TaskState.RUNNING,  # suspended; the allocation is kept
+    "U": TaskState.RUNNING,  # PBS Professional: suspended while its workstation is busy
+    "E": TaskState.RUNNING,  # exiting after having run: the exit file is not final yet
+    "B": TaskState.RUNNING,  # PBS Professional: an array job with a subjob started
+    "M": TaskState.LOST,  # PBS Professional: moved to another server, where this id is not valid
+}
+
+# How a finished job ended, from its exit status (see `ending`).
+PBS_ENDINGS: dict[str, TaskState] = {
+    "completed": TaskState.COMPLETED,  # exit status 0
+    "failed": TaskState.FAILED,  # 1-255: the job script's own exit status
+    "signal": TaskState.FAILED,  # 256 + N: killed by signal N
+    "deleted": TaskState.CANCELLED,  # qdel: no exit status (never ran), or SIGTERM while running
+    "walltime": TaskState.TIMEOUT,  # killed by PBS for running past its walltime
+    "memory": TaskState.FAILED,  # killed by PBS for going over its memory limit
+    "limit": TaskState.FAILED,  # killed by PBS for going over a CPU limit
+    "exec": TaskState.FAILED,  # PBS could not start or keep the job (other JOB_EXEC_* codes)
+}
+_FINISHED = ("F", "X", "C")  # PBS Professional F and X, Torque C
+
+# PBS Professional Administrator's Guide, "Job Exit Status" (OpenPBS src/include/job.h).
+PBSPRO_EXEC_CODES: dict[int, str] = {
+    -24: "limit",  # JOB_EXEC_KILL_NCPUS_BURST
+    -25: "limit",  # JOB_EXEC_KILL_NCPUS_SUM
+    -26: "memory",  # JOB_EXEC_KILL_VMEM
+    -27: "memory",  # JOB_EXEC_KILL_MEM
+    -28: "limit",  # JOB_EXEC_KILL_CPUT
+    -29: "walltime",  # JOB_EXEC_KILL_WALLTIME
+}
+# TORQUE 6.1 Administrator Guide, "Job Exit Status" (the JOB_EXEC_* table).
+TORQUE_EXEC_CODES: dict[int, str] = {
+    -10: "memory",  # JOB_EXEC_OVERLIMIT_MEM: job exceeded a memory limit
+    -11: "walltime",  # JOB_EXEC_OVERLIMIT_WT: job exceeded a walltime limit
+    -12: "limit",  # JOB_EXEC_OVERLIMIT_CPUT: job exceeded a CPU time limit
+}
+_SUBSTATE_TERMINATED = 91  # PBS Professional: the job was deleted (qdel) or aborted
+_SIGTERM_STATUS = 256 + 15  # how both report a running job that qdel ended
+
+# Every state the parsers yield: the native states, and "<F|X|C>/<ending>" once finished.
+PBS_ALL_STATES: dict[str, TaskState] = {
+    **PBS_STATES,
+    **{f"{code}/{end}": state for code in _FINISHED for end, state in PBS_ENDINGS.items()},
+}
+
+_ENDING_REASONS: dict[str, str] = {
+    "failed": "the job failed",
+    "signal": "killed by a signal",
+    "deleted": "deleted in PBS (qdel)",
+    "walltime": "ran past its walltime (killed by PBS)",
+    "memory": "went over its memory limit (killed by PBS)",
+    "limit": "went over its CPU limit (killed by PBS)",
+    "exec": "PBS could not run the job",
+}
+PBS_REASONS: dict[str, str] = {
+    "Q": "queued in PBS",
+    "H": "held in PBS",
+    "W": "waiting in PBS for its start time",
+    "M": "moved to another PBS server",
+    **{f"{code}/{end}": text for code in _FINISHED for end, text in _ENDING_REASONS.items()},
+}
+
+_JOB_ID = re.compile(r"\d+(\[\d*\])?(\.[A-Za-z0-9_.-]+)?")
+_UNKNOWN_JOB = re.compile(r"^qstat: (Unknown Job Id|.* Job has finished, use -x)")
+_ATTRIBUTE = re.compile(r"^(?:    |\t)([A-Za-z_][A-Za-z0-9_.]*) = (.*)$")
+
+
+class PbsDriver(BatchDriver):
+    """A PBS Professional or Torque pool; `dialect: torque` switches resources and status."""
+
+    kind = "pbs"
+    STATES = PBS_ALL_STATES
+    REASONS = PBS_REASONS
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.dialect = str(self.pool.settings.get("dialect") or "pbspro")
+        self._job_ids: list[str] = []
+
+    def directives(self, task: Task, profile: Profile, job_dir: str) -> list[str]:
+        settings = self.pool.settings
+        found = [f"-N {task.tag}"]
+        if settings.get("queue"):
+            found.append(f"-q {settings['queue']}")
+        if settings.get("account"):
+            found.append(f"-A {settings['account']}")
+        found += self._resources(profile)
+        found += [f"-l walltime={walltime_hms(profile.walltime_s)}", "-j oe"]
+        found.append(f"-o {job_dir}/pbs.out")
+        return found
+
+    def _resources(self, profile: Profile) -> list[str]:
+        gpus = whole_gpus(profile)
+        memory = f"mem={profile.memory_mb}mb"
+        if self.dialect == "torque":
+            nodes = f"nodes=1:ppn={profile.cpus}" + (f":gpus={gpus}" if gpus else "")
+            return [f"-l {nodes}", f"-l {memory}"]
+        chunk = f"select=1:ncpus={profile.cpus}" + (f":ngpus={gpus}" if gpus else "")
+        return [f"-l {chunk}:{memory}"]
+
+    def submit_argv(self, script: str) -> list[str]:
+        return ["qsub", script]
+
+    def parse_submit(self, stdout: str) -> str:
+        return parse_qsub(stdout)
+
+    async def poll(self, tasks: Sequence[Task]) -> dict[int, Observation]:
+        # qstat's long formats cannot be limited to users (PBS Professional's -u switches to the
+        # one-line table), so the one query per cycle names the pool's jobs.
+        self._job_ids = sorted({t.native_id for t in tasks if t.native_id})
+        return await super().poll(tasks)
+
+    def status_argv(self, accounts: Sequence[str]) -> list[str]:
+        if self.dialect == "torque":
+            return ["qstat", "-f", "-1", *self._job_ids]
+        return ["qstat", "-x", "-f", "-F", "json", *self._job_ids]
+
+    def status_listed(self, done: Completed) -> bool:
+        # A named job that left the server's memory is reported on stderr, and the others
+        # are listed all the same (qstat exits with the last error's PBSE_* number).
+        lines = [line for line in done.stderr.splitlines() if line.strip()]
+        return all(_UNKNOWN_JOB.match(line) for line in lines)
+
+    def parse_status(self, stdout: str) -> list[NativeStatus]:
+        if self.dialect == "torque":
+            return parse_qstat_text(stdout, TORQUE_EXEC_CODES)
+        return parse_qstat_json(stdout)
+
+    def cancel_argv(self, native_id: str) -> list[str]:
+        return ["qdel", native_id]
+
+
+def whole_gpus(profile: Profile) -> int:
+    """PBS allocates whole GPUs: a fraction or an amount of GPU memory takes one."""
+    if profile.gpus:
+        return profile.gpus
+    return 1 if (profile.gpu_fraction or profile.gpu_memory_mb) else 0
+
+
+def parse_qsub(stdout: str) -> str:
+    """qsub(1B) prints the job id: `<sequence>.<server>` (Torque and PBS Professional)."""
+    lines = [line.strip() for line in stdout.splitlines() if line.strip()]
+    job_id = lines[-1] if lines else ""
+    if not _JOB_ID.fullmatch(job_id):
+        raise SubmitError(f"qsub printed no job id: {stdout.strip()!r}")
+    return job_id
+
+
+def parse_qstat_json(stdout: str) -> list[NativeStatus]:
+    """`qstat -x -f -F json`: {"Jobs": {id: attributes}}, no "Jobs" when nothing is shown."""
+    try:
+        doc = json.loads(stdout) if stdout.strip() else {}
+    except ValueError as exc:
+        raise TransportError(f"qstat -F json printed no JSON: {exc}") from exc
+    jobs = doc.get("Jobs") or {}
+    return [_status(job_id, attrs, PBSPRO_EXEC_CODES) for job_id, attrs in jobs.items()]
+
+
+def parse_qstat_text(stdout: str, exec_codes: Mapping[int, str]) -> list[NativeStatus]:
+    """`qstat -f`: `Job Id: <id>` then `name = value` lines, indented by four spaces (a tab
+    in Slurm's Torque wrapper); long values continue on lines that start with a tab."""
+    return [_status(job_id, attrs, exec_codes) for job_id, attrs in qstat_text_jobs(stdout)]
+
+
+def qstat_text_jobs(stdout: str) -> list[tuple[str, dict[str, str]]]:
+    jobs: list[tuple[str, dict[str, str]]] = []
+    last = ""
+    for line in stdout.splitlines():
+        if line.startswith("Job Id:"):
+            jobs.append((line[len("Job Id:") :].strip(), {}))
+            last = ""
+            continue
+        if not jobs or not line.strip():
+            continue
+        attrs = jobs[-1][1]
+        match = _ATTRIBUTE.match(line)
+        if match:
+            last = match.group(1)
+            attrs[last] = match.group(2)
+        elif line.startswith("\t") and last:
+            attrs[last] += line[1:]
+    return jobs
+
+
+def _status(job_id: str, attrs: Mapping[str, Any], exec_codes: Mapping[int, str]) -> NativeStatus:
+    state = str(attrs.get("job_state", ""))
+    name = str(attrs.get("Job_Name", ""))
+    status = _int(attrs.get("Exit_status", attrs.get("exit_status")))
+    if state not in _FINISHED:
+        return NativeStatus(job_id, name, state, str(attrs.get("comment", "")))
+    end = ending(status, _int(attrs.get("substate")), exec_codes)
+    detail = "no exit status" if status is None else f"exit status {status}"
+    return NativeStatus(job_id, name, f"{state}/{end}", detail, _exit_code(status))
+
+
+def ending(status: int | None, substate: int | None, exec_codes: Mapping[int, str]) -> str:
+    """Which PBS_ENDINGS entry a finished job's exit status (and PBS Pro substate) names."""
+    if status is None or substate == _SUBSTATE_TERMINATED or status == _SIGTERM_STATUS:
+        return "deleted"
+    if status < 0:
+        return exec_codes.get(status, "exec")
+    if status >= 256:
+        return "signal"
+    return "completed" if status == 0 else "failed"
+
+
+def _exit_code(status: int | None) -> int | None:
+    """The exit status as a shell reports it: 128 + N for a job killed by signal N."""
+    if status is None or status < 0:
+        return None
+    return 128 + status - 256 if status >= 256 else status
+
+
+def _int(value: object) -> int | None:
+    try:
+        return int(str(value))
+    except ValueError:
+        return None
