@@ -25,6 +25,7 @@ class Preview:
 
 def sample_task(estate: Estate, resource: str, owner: str | None = None) -> Task:
     """A stand-in task for previews: id 0, the first mapped user, `python train.py`."""
+    _known(estate, resource)
     spec = TaskSpec(command=("python", "train.py"), resource=resource, name="preview")
     return Task(
         id=0,

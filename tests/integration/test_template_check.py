@@ -1,0 +1,53 @@
+"""`klique template render --check` asks the real Slurm cluster, as the mapped account."""
+
+import pytest
+from click.testing import CliRunner
+
+from broker.cli import main
+
+pytestmark = pytest.mark.slurm
+
+ESTATE = """
+resources:
+  cpu:
+    profile: {{cpus: 1, memory: 100M, walltime: 10m, pools: [slurm]}}
+  huge:
+    profile: {{gpus: 9, cpus: 1, memory: 100M, walltime: 10m, pools: [slurm]}}
+pools:
+  slurm:
+    kind: slurm
+    partition: debug
+    job_root: {job_root}
+    user_map: {{alice: alice}}
+"""
+
+
+@pytest.fixture
+def estate(tmp_path, slurm_cluster):
+    path = tmp_path / "estate.yaml"
+    path.write_text(ESTATE.format(job_root=slurm_cluster.work / "preview"))
+    return path
+
+
+def render(*args):
+    return CliRunner().invoke(main, ["template", "render", *args], catch_exceptions=False)
+
+
+def test_check_reports_what_slurm_says(estate):
+    result = render("--resource", "cpu", "--estate", str(estate), "--check")
+    assert result.exit_code == 0, result.output
+    assert "#SBATCH --job-name=klique-0" in result.stdout
+    assert "# bash -n: ok" in result.stderr
+    assert "sbatch --test-only: sbatch: Job" in result.stderr and "to start at" in result.stderr
+
+
+def test_a_profile_slurm_cannot_satisfy_fails_the_check_in_slurms_words(estate):
+    result = render("--resource", "huge", "--estate", str(estate), "--check")
+    assert result.exit_code == 1
+    assert "Requested node configuration is not available" in result.stderr
+
+
+def test_an_unknown_resource_is_a_clear_error(estate):
+    result = render("--resource", "nope", "--estate", str(estate))
+    assert result.exit_code == 1
+    assert "unknown compute resource 'nope'" in result.stderr

@@ -1,0 +1,92 @@
+"""Batch templates: quoting, directives from the estate, errors that name file and line."""
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from broker.errors import TemplateError
+from broker.estate import load_estate, parse_estate
+from broker.preview import render_preview, sample_task
+from broker.templates import render, safe_directive, template_name
+
+ROOT = Path(__file__).resolve().parents[2]
+ESTATE = load_estate(ROOT / "examples" / "estate.yaml")
+
+
+def script_for(estate, resource="1-gpu", **spec_changes):
+    task = sample_task(estate, resource)
+    task = replace(task, spec=replace(task.spec, **spec_changes))
+    return render_preview(estate, task, None, check=False).script
+
+
+def test_the_slurm_script_carries_the_profile_the_tag_and_the_estates_extra_directive():
+    script = script_for(ESTATE)
+    for line in ("#SBATCH --job-name=klique-0", "#SBATCH --comment=klique-0",
+                 "#SBATCH --partition=gpu", "#SBATCH --account=research",
+                 "#SBATCH --gres=gpu:1", "#SBATCH --cpus-per-task=4", "#SBATCH --mem=16384M",
+                 "#SBATCH --time=04:00:00", "#SBATCH --exclusive=user"):
+        assert line in script.splitlines(), line
+    assert "exec python3 /tmp/klique-jobs/klique-0/klique-runner.pyz /tmp/klique-jobs/klique-0" \
+        in script
+
+
+def test_skip_directives_drop_a_directive_and_gpus_flag_switches():
+    text = (ROOT / "examples" / "estate.yaml").read_text()
+    text = text.replace("skip_directives: []", "skip_directives: [--account]")
+    text = text.replace("gpu_flag: gres", "gpu_flag: gpus")
+    script = script_for(parse_estate(text, "e.yaml"))
+    assert "--account=research" not in script
+    assert "#SBATCH --gpus=1" in script and "--gres" not in script
+
+
+def test_a_job_root_that_a_directive_cannot_carry_is_refused():
+    text = (ROOT / "examples" / "estate.yaml").read_text().replace(
+        "job_root: /tmp/klique-jobs", "job_root: '/tmp/klique jobs'")
+    with pytest.raises(TemplateError):  # the --output directive cannot carry a space
+        script_for(parse_estate(text, "e.yaml"))
+
+
+@pytest.mark.parametrize("bad", ["--comment=$(id)", "--x=`id`", "--a;reboot", "--a\n#SBATCH -x",
+                                 "--comment='x'", "--export=ALL,X=$HOME"])
+def test_hostile_directives_are_refused(bad):
+    with pytest.raises(TemplateError, match="not allowed"):
+        safe_directive(bad, "the estate")
+
+
+@settings(max_examples=200, deadline=None)
+@given(name=st.text(), args=st.lists(st.text(), max_size=4), env=st.dictionaries(
+    st.from_regex(r"[A-Z][A-Z0-9_]{0,10}", fullmatch=True), st.text(), max_size=3))
+def test_free_text_never_changes_the_script(name, args, env):
+    plain = script_for(ESTATE)
+    assert script_for(ESTATE, name=name, command=("python", *args), env=env) == plain
+
+
+def test_values_are_shell_quoted_unless_marked_safe(tmp_path):
+    (tmp_path / "slurm").mkdir()
+    (tmp_path / "slurm" / "default.sh.j2").write_text("echo {{ owner }} {{ owner|safe }}\n")
+    out = render("slurm/default.sh.j2", {"owner": "a b;$(x)"}, root=tmp_path)
+    assert out == "echo 'a b;$(x)' a b;$(x)\n"
+
+
+def test_template_lookup_order(tmp_path):
+    (tmp_path / "slurm").mkdir()
+    for name in ("default", "big", "1-gpu"):
+        (tmp_path / "slurm" / f"{name}.sh.j2").write_text(name)
+    assert template_name("slurm", "1-gpu", "big", root=tmp_path) == "slurm/1-gpu.sh.j2"
+    assert template_name("slurm", "cpu", "big", root=tmp_path) == "slurm/big.sh.j2"
+    assert template_name("slurm", "cpu", None, root=tmp_path) == "slurm/default.sh.j2"
+
+
+def test_a_template_error_names_the_file_and_line(tmp_path):
+    (tmp_path / "slurm").mkdir()
+    (tmp_path / "slurm" / "default.sh.j2").write_text("#!/bin/bash\n\necho {{ no_such_value }}\n")
+    with pytest.raises(TemplateError) as err:
+        render("slurm/default.sh.j2", {}, root=tmp_path)
+    assert "slurm/default.sh.j2:3:" in str(err.value) and "no_such_value" in str(err.value)
+    (tmp_path / "slurm" / "broken.sh.j2").write_text("ok\n{% for x in %}\n")
+    with pytest.raises(TemplateError) as err:
+        render("slurm/broken.sh.j2", {}, root=tmp_path)
+    assert "broken.sh.j2:2:" in str(err.value)
