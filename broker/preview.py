@@ -38,6 +38,12 @@ def sample_task(estate: Estate, resource: str, owner: str | None = None) -> Task
     )
 
 
+def _known(estate: Estate, resource: str) -> None:
+    if resource not in estate.resources:
+        known = ", ".join(estate.resources)
+        raise NotFound(f"unknown compute resource {resource!r}; known: {known}")
+
+
 def _first_user(estate: Estate, resource: str) -> str:
     for pool_name in estate.resources[resource].profile.pools:
         accounts = estate.pools[pool_name].user_map.accounts
@@ -49,10 +55,7 @@ def _first_user(estate: Estate, resource: str) -> str:
 def driver_for(estate: Estate, resource: str, pool: str | None) -> BatchDriver:
     from broker.server import make_driver
 
-    if resource not in estate.resources:
-        raise NotFound(
-            f"unknown compute resource {resource!r}; known: {', '.join(estate.resources)}"
-        )
+    _known(estate, resource)
     order = estate.resources[resource].profile.pools
     candidates = [pool] if pool else list(order)
     for name in candidates:

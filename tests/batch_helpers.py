@@ -1,0 +1,195 @@
+"""Batch pools for integration tests: estates, login-node folders that put a scheduler (the
+simulators, or Slurm behind a counting wrapper) first on PATH, and an sshd that serves them."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from conftest import free_port, wait_for
+
+ROOT = Path(__file__).resolve().parent.parent
+FAKES = ROOT / "tests" / "fakes"
+JOB_PYTHON = "/usr/bin/python3"  # the test accounts cannot read the virtual environment's
+SIMULATORS = ("pbspro", "torque", "lsf")
+PROGRAMS = {
+    "slurm": ("sbatch", "squeue", "scancel"),
+    "pbspro": ("qsub", "qstat", "qdel"),
+    "torque": ("qsub", "qstat", "qdel"),
+    "lsf": ("bsub", "bjobs", "bkill"),
+}
+STATUS_PROGRAM = {"slurm": "squeue", "pbspro": "qstat", "torque": "qstat", "lsf": "bjobs"}
+KIND = {"slurm": "slurm", "pbspro": "pbs", "torque": "pbs", "lsf": "lsf"}
+# Simulator settings for quick tests: short kill delays, and an LSF minute (bsub -W) of 3 s.
+SIM_SETTINGS = {"KLIQUE_SIM_KILL_DELAY": "1", "KLIQUE_SIM_LSF_MINUTE": "3"}
+
+
+def shared_folder(prefix: str) -> Path:
+    """A folder the test accounts can reach (pytest's own are private to root)."""
+    folder = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    folder.chmod(0o755)
+    return folder
+
+
+def open_folder(path: Path) -> Path:
+    """A folder every account may write, sticky like /tmp."""
+    path.mkdir(parents=True, exist_ok=True)
+    path.chmod(0o1777)
+    return path
+
+
+def login_node(
+    folder: Path, scheduler: str, sim_dir: Path | None, count_file: Path | None = None
+) -> Path:
+    """A bin folder with the scheduler's commands: simulators bound to `sim_dir`, or the real
+    Slurm ones; with `count_file`, each status command first appends its arguments there."""
+    bin_dir = folder / "bin"
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    bin_dir.chmod(0o755)
+    for program in PROGRAMS[scheduler]:
+        if scheduler == "slurm":
+            target = shutil.which(program, path="/usr/bin:/usr/local/bin")
+            assert target, f"{program} is not installed"
+        else:
+            target = str(FAKES / scheduler / program)
+        lines = ["#!/bin/sh"]
+        if sim_dir is not None:
+            settings = {"KLIQUE_SIM_DIR": str(sim_dir), **SIM_SETTINGS}
+            lines += [f"export {k}='{v}'" for k, v in settings.items()]
+        if count_file is not None and program == STATUS_PROGRAM[scheduler]:
+            lines.append(f"echo \"$*\" >>'{count_file}'")
+        lines.append(f'exec \'{target}\' "$@"')
+        path = bin_dir / program
+        path.write_text("\n".join(lines) + "\n")
+        path.chmod(0o755)
+    return bin_dir
+
+
+def search_path(bin_dir: Path) -> str:
+    return f"{bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}"
+
+
+def transport_yaml(endpoint: SSHLogin | None) -> str:
+    if endpoint is None:
+        return "{kind: local}"
+    return (
+        f"{{kind: ssh, host: 127.0.0.1, port: {endpoint.port}, "
+        f"known_hosts: {endpoint.known_hosts}, client_keys: [{endpoint.client_key}]}}"
+    )
+
+
+def pool_yaml(scheduler: str, job_root: Path, endpoint: SSHLogin | None, **extra: Any) -> str:
+    """One pool named `batch` of the scheduler, as the estate file writes it."""
+    settings: dict[str, Any] = {
+        "kind": KIND[scheduler],
+        "job_root": str(job_root),
+        "python": JOB_PYTHON,
+        "poll_interval": "1s",
+        "lost_after": "30s",
+        "user_map": {"alice": "alice", "bob": "bob"},
+    }
+    if scheduler == "slurm":
+        settings.update(partition="debug", accounting="jobcomp")
+    if scheduler == "torque":
+        settings["dialect"] = "torque"
+    settings.update(extra)
+    body = ", ".join(f"{k}: {json.dumps(v)}" for k, v in settings.items())
+    return f"  batch: {{{body}, transport: {transport_yaml(endpoint)}}}\n"
+
+
+@dataclass(frozen=True)
+class SSHLogin:
+    """Where an SSH transport logs in to reach a scheduler's commands."""
+
+    port: int
+    known_hosts: Path
+    client_key: Path
+
+
+@contextmanager
+def sshd_serving(folder: Path, shared: Any, path: str) -> Iterator[SSHLogin]:
+    """An sshd on loopback with the shared test sshd's keys, whose sessions get PATH=`path`
+    (as a login node's profile would put the scheduler's commands there)."""
+    keys = Path(shared.known_hosts).parent
+    port = free_port()
+    config = folder / "sshd_config"
+    config.write_text(
+        "\n".join(
+            [
+                "ListenAddress 127.0.0.1",
+                f"Port {port}",
+                f"HostKey {keys / 'host_ed25519_key'}",
+                f"PidFile {folder / 'sshd.pid'}",
+                f"AuthorizedKeysFile {keys / 'authorized_keys'}/%u",
+                "StrictModes no",
+                "PubkeyAuthentication yes",
+                "PasswordAuthentication no",
+                "KbdInteractiveAuthentication no",
+                "PermitRootLogin no",
+                "UsePAM no",
+                "MaxSessions 64",
+                "MaxStartups 64:30:128",
+                f"SetEnv PATH={path}",
+                "",
+            ]
+        )
+    )
+    public_key = (keys / "host_ed25519_key.pub").read_text().split()[:2]
+    known_hosts = folder / "known_hosts"
+    known_hosts.write_text(f"[127.0.0.1]:{port} {' '.join(public_key)}\n")
+    log = (folder / "sshd.log").open("ab")
+    process = subprocess.Popen(
+        ["/usr/sbin/sshd", "-D", "-e", "-f", str(config)], stdout=log, stderr=subprocess.STDOUT
+    )
+
+    def listening() -> bool:
+        assert process.poll() is None, (folder / "sshd.log").read_text()
+        with socket.socket() as probe:
+            return probe.connect_ex(("127.0.0.1", port)) == 0
+
+    try:
+        wait_for(listening, 30, f"sshd on port {port}")
+        yield SSHLogin(port, known_hosts, Path(shared.client_key))
+    finally:
+        process.terminate()
+        process.wait(10)
+        log.close()
+
+
+def run_as(account: str, argv: list[str], path: str) -> subprocess.CompletedProcess[str]:
+    """argv as a test account with the login node's PATH (what the pool's commands see)."""
+    return subprocess.run(
+        ["runuser", "-u", account, "--", "env", f"PATH={path}", *argv],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def count_lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def health(url: str) -> Mapping[str, Any]:
+    import httpx
+
+    return httpx.get(url + "/api/v1/health", timeout=10).json()  # type: ignore[no-any-return]
+
+
+def remove_tree(folder: Path) -> None:
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def monotonic() -> float:
+    return time.monotonic()
