@@ -17,6 +17,7 @@ demo: install
 	$(BIN)/klique demo
 
 services:
+	scripts/apt-deps
 	scripts/services-up
 
 test: install services

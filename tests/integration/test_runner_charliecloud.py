@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 
 import pytest
 from runner_helpers import REPO_ROOT, console, make_job, read_json, run_runner
 
+_MISSING = shutil.which("ch-run") is None or shutil.which("busybox") is None
+if _MISSING and os.environ.get("KLIQUE_REQUIRE_SERVICES") == "1":
+    raise RuntimeError("ch-run and busybox are missing: run scripts/apt-deps")
 pytestmark = pytest.mark.skipif(
-    shutil.which("ch-run") is None or shutil.which("busybox") is None,
-    reason="needs ch-run (apt-get install charliecloud-runtime) and busybox-static",
+    _MISSING, reason="needs ch-run (apt-get install charliecloud-runtime) and busybox-static"
 )
 
 SHOW = [

@@ -1,0 +1,249 @@
+"""The batch pools end to end: each scenario is one test body, run on the real Slurm cluster of
+scripts/slurm-up and on the PBS Professional, Torque and LSF simulators, over both transports."""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import re
+from collections.abc import Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from batch_helpers import (
+    JOB_PYTHON,
+    SSHLogin,
+    login_node,
+    open_folder,
+    pool_yaml,
+    remove_tree,
+    run_as,
+    search_path,
+    shared_folder,
+    sshd_serving,
+)
+from conftest import Server, start_server, stop_server, submitted_id, wait_for
+
+from broker.pools.lsf import LSF_ALL_STATES, parse_bjobs_json
+from broker.pools.pbs import (
+    PBS_ALL_STATES,
+    TORQUE_EXEC_CODES,
+    parse_qstat_json,
+    parse_qstat_text,
+)
+
+CASES = [
+    pytest.param(("slurm", "local"), marks=pytest.mark.slurm, id="slurm-local"),
+    pytest.param(("slurm", "ssh"), marks=[pytest.mark.slurm, pytest.mark.ssh], id="slurm-ssh"),
+    pytest.param(("pbspro", "local"), id="pbspro-local"),
+    pytest.param(("pbspro", "ssh"), marks=pytest.mark.ssh, id="pbspro-ssh"),
+    pytest.param(("torque", "local"), id="torque-local"),
+    pytest.param(("torque", "ssh"), marks=pytest.mark.ssh, id="torque-ssh"),
+    pytest.param(("lsf", "local"), id="lsf-local"),
+    pytest.param(("lsf", "ssh"), marks=pytest.mark.ssh, id="lsf-ssh"),
+]
+NATIVE_ID = {
+    "slurm": r"\d+",
+    "pbspro": r"\d+\.[\w.-]+",
+    "torque": r"\d+\.[\w.-]+",
+    "lsf": r"\d+",
+}
+# What each scheduler says when no node could ever hold the job (9 GPUs; every one has 4).
+REFUSAL = {
+    "slurm": "Requested node configuration is not available",
+    "pbspro": "Job violates queue and/or server resource limits",
+    "torque": "Job exceeds queue resource limits",
+    "lsf": "Job requirements for reserving resources exceed the cluster",
+}
+REPORT = (
+    "import json, os, sys; gpufile = os.environ.get('PBS_GPUFILE'); "
+    "print(json.dumps({'uid': os.getuid(), 'gid': os.getgid(), 'argv': sys.argv[1:], "
+    "'env': {k: v for k, v in os.environ.items() if k.startswith('HOSTILE') "
+    "or k in ('CUDA_VISIBLE_DEVICES', 'SLURM_JOB_GPUS')}, "
+    "'gpufile': open(gpufile).read().split() if gpufile else None}))"
+)
+HOSTILE = [
+    'it\'s "quoted"',
+    "$(touch /tmp/klique-pwned)",
+    "`touch /tmp/klique-pwned`",
+    "line one\nline two",
+    "#SBATCH --uid=0",
+    "#PBS -l select=99",
+    "#BSUB -q hostile",
+    "; rm -rf / ;",
+    "\\\\ \t tab",
+    "ünïcødé ✓",
+]
+
+
+def estate(scheduler: str, job_root: Any, endpoint: SSHLogin | None) -> str:
+    return f"""
+teams:
+  vision: [alice]
+  nlp: [bob, mallory]
+resources:
+  cpu:
+    profile: {{cpus: 1, memory: 100M, walltime: 10m, pools: [batch]}}
+  2-gpu:
+    profile: {{gpus: 2, cpus: 1, memory: 100M, walltime: 10m, pools: [batch]}}
+  short:
+    profile: {{cpus: 1, memory: 100M, walltime: 5s, pools: [batch]}}
+  huge:
+    profile: {{gpus: 9, cpus: 1, memory: 100M, walltime: 10m, pools: [batch]}}
+pools:
+{pool_yaml(scheduler, job_root, endpoint)}"""
+
+
+@dataclass
+class BatchPool:
+    server: Server
+    scheduler: str
+    path: str  # PATH with the scheduler's commands, as the pool's accounts see it
+    tokens: dict[str, str] = field(default_factory=dict)
+
+    def submit(self, user: str, *args: str) -> int:
+        cli = ["submit", "--no-code", "--json", *args]
+        return submitted_id(self.server.cli(*cli, token=self.tokens[user]))
+
+    def wait(self, task_id: int, user: str, states: set[str] | None = None) -> dict[str, Any]:
+        return self.server.wait_state(task_id, states, timeout=150, token=self.tokens[user])
+
+    def output(self, task_id: int, user: str) -> dict[str, Any]:
+        logs = self.server.cli("logs", str(task_id), token=self.tokens[user]).output
+        return json.loads(logs.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+@pytest.fixture(scope="module", params=CASES)
+def pool(request: Any, test_users: Any) -> Iterator[BatchPool]:
+    scheduler, transport = request.param
+    folder = shared_folder(f"klique-{scheduler}-{transport}-")
+    with ExitStack() as stack:
+        stack.callback(remove_tree, folder)
+        if scheduler == "slurm":
+            cluster = request.getfixturevalue("slurm_cluster")
+            job_root = open_folder(cluster.work / f"jobs-{transport}-{os.getpid()}")
+            path = os.environ["PATH"]
+        else:
+            job_root = open_folder(folder / "jobs")
+            path = search_path(login_node(folder, scheduler, open_folder(folder / "sim")))
+        endpoint = None
+        if transport == "ssh":
+            shared = request.getfixturevalue("sshd")
+            endpoint = (
+                SSHLogin(shared.port, shared.known_hosts, shared.client_key)
+                if scheduler == "slurm"
+                else stack.enter_context(sshd_serving(folder, shared, path))
+            )
+        estate_file = folder / "estate.yaml"
+        estate_file.write_text(estate(scheduler, job_root, endpoint))
+        server = start_server(folder / "home", estate_file, {"PATH": path})
+        stack.callback(stop_server, server)
+        tokens = {u: server.make_token(u) for u in ("alice", "bob", "mallory")}
+        yield BatchPool(server, scheduler, path, tokens)
+
+
+def native_final(pool: BatchPool, native_id: str) -> bool:
+    """The scheduler shows the job as ended, or no longer at all."""
+    status = {
+        "slurm": ["squeue", "--noheader", "--states=all", f"--jobs={native_id}", "--format=%T"],
+        "pbspro": ["qstat", "-x", "-f", "-F", "json", native_id],
+        "torque": ["qstat", "-f", "-1", native_id],
+        "lsf": ["bjobs", "-a", "-o", "jobid stat exit_code exit_reason", "-json", native_id],
+    }[pool.scheduler]
+    out = run_as("alice", status, pool.path).stdout
+    if pool.scheduler == "slurm":
+        return out.strip() in ("", "CANCELLED")
+    if pool.scheduler == "lsf":
+        jobs = parse_bjobs_json(out)
+        return all(LSF_ALL_STATES[j.state].final for j in jobs)
+    if pool.scheduler == "torque":
+        jobs = parse_qstat_text(out, TORQUE_EXEC_CODES)
+    else:
+        jobs = parse_qstat_json(out)
+    return all(PBS_ALL_STATES[j.state].final for j in jobs)
+
+
+@pytest.mark.parametrize("user", ["alice", "bob"])
+def test_a_task_runs_as_the_users_own_account(pool: BatchPool, user: str) -> None:
+    task_id = pool.submit(user, "--", JOB_PYTHON, "-c", REPORT)
+    task = pool.wait(task_id, user)
+    assert task["state"] == "completed", task
+    account = pwd.getpwnam(user)
+    seen = pool.output(task_id, user)
+    assert (seen["uid"], seen["gid"]) == (account.pw_uid, account.pw_gid)
+    assert re.fullmatch(NATIVE_ID[pool.scheduler], task["native_id"]), task
+
+
+def test_an_unmapped_user_is_refused_with_a_reason(pool: BatchPool) -> None:
+    task_id = pool.submit("mallory", "--", "true")
+    task = pool.wait(task_id, "mallory")
+    assert task["state"] == "failed" and task["native_id"] is None
+    assert "'mallory'" in task["reason"] and "user_map" in task["reason"]
+
+
+def test_a_gpu_task_sees_exactly_the_gpus_the_scheduler_gave_it(pool: BatchPool) -> None:
+    task_id = pool.submit("alice", "-r", "2-gpu", "--", JOB_PYTHON, "-c", REPORT)
+    task = pool.wait(task_id, "alice")
+    assert task["state"] == "completed", task
+    seen = pool.output(task_id, "alice")
+    visible = seen["env"]["CUDA_VISIBLE_DEVICES"].split(",")
+    assert len(visible) == 2
+    if pool.scheduler == "slurm":
+        assert visible == seen["env"]["SLURM_JOB_GPUS"].split(",")
+    if pool.scheduler == "torque":  # Torque names the GPUs in PBS_GPUFILE, one per line
+        assert visible == [line.rpartition("-gpu")[2] for line in seen["gpufile"]]
+
+
+def test_a_failing_command_fails_with_its_exit_code(pool: BatchPool) -> None:
+    task_id = pool.submit("bob", "--", JOB_PYTHON, "-c", "raise SystemExit(7)")
+    task = pool.wait(task_id, "bob")
+    assert (task["state"], task["exit_code"]) == ("failed", 7)
+
+
+def test_cancel_ends_cancelled_and_the_job_leaves_the_queue(pool: BatchPool) -> None:
+    task_id = pool.submit("alice", "--", "sleep", "600")
+    task = pool.wait(task_id, "alice", {"running"})
+    assert pool.server.cli("cancel", str(task_id), token=pool.tokens["alice"]).exit_code == 0
+    assert pool.server.task(task_id, pool.tokens["alice"])["state"] == "cancelled"
+    native_id = task["native_id"]
+    wait_for(lambda: native_final(pool, native_id), 60, f"job {native_id} to leave the queue")
+
+
+def test_a_profile_the_scheduler_cannot_satisfy_is_refused_in_its_words(pool: BatchPool) -> None:
+    task_id = pool.submit("alice", "-r", "huge", "--", "true")
+    task = pool.wait(task_id, "alice")
+    assert task["state"] == "failed"
+    assert REFUSAL[pool.scheduler] in task["reason"], task
+
+
+def test_hostile_strings_reach_the_job_byte_for_byte(pool: BatchPool) -> None:
+    env = {f"HOSTILE_{i}": s for i, s in enumerate(HOSTILE)}
+    with pool.server.api(pool.tokens["bob"]) as api:
+        task = api.post(
+            "/tasks",
+            json={
+                "command": [JOB_PYTHON, "-c", REPORT, *HOSTILE],
+                "name": HOSTILE[4] + HOSTILE[1],
+                "env": env,
+            },
+        ).json()
+    done = pool.wait(task["id"], "bob")
+    assert done["state"] == "completed", done
+    seen = pool.output(task["id"], "bob")
+    assert seen["argv"] == HOSTILE
+    assert {k: v for k, v in seen["env"].items() if k.startswith("HOSTILE")} == env
+    assert not os.path.exists("/tmp/klique-pwned")
+    with open(os.path.join(done["job_dir"], "job.sh")) as f:
+        script = f.read()
+    assert all(s not in script for s in HOSTILE)
+
+
+def test_a_walltime_overrun_ends_timeout(pool: BatchPool) -> None:
+    task_id = pool.submit("alice", "-r", "short", "--", "sleep", "600")
+    task = pool.wait(task_id, "alice")
+    assert task["state"] == "timeout", task
+    assert "walltime" in task["reason"]
+
