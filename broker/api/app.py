@@ -1,5 +1,6 @@
 """The REST API (OpenAPI at /docs and /openapi.json). Thin: validation, auth, the store."""
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
@@ -12,14 +13,23 @@ from broker.api.schemas import (
     PoolOut,
     Report,
     ResourceOut,
+    SimulateRequest,
+    SimulationOut,
     SubmitRequest,
     TaskOut,
     TokenRequest,
+    UsageLineOut,
+    UsageOut,
     WhyOut,
 )
 from broker.domain import CodeSpec, Task, TaskSpec, TaskState
 from broker.errors import KliqueError, NotFound, NotPermitted
-from broker.scheduler.loop import Scheduler
+from broker.estate import parse_estate
+from broker.pools.base import RUNNER_OUTCOMES, observation_from_exit
+from broker.scheduler.fairshare import UsageRow, decayed_usage
+from broker.scheduler.loop import HOLDING, Scheduler, _active
+from broker.simulate import Trace, queued_of, simulate
+from broker.usage import Run, UsageKey, summarise
 
 API = "/api/v1"
 
@@ -170,8 +180,19 @@ def create_app(scheduler: Scheduler, lifespan: Any = None) -> FastAPI:
             _save_console(task, scheduler, body.console.offset, body.console.text)
         if body.scalars:
             scheduler.store.add_scalars(task.id, [s.model_dump() for s in body.scalars])
-        if body.state == "running" and task.state in (TaskState.SUBMITTED, TaskState.PENDING):
-            scheduler.store.change_state(task.id, TaskState.RUNNING, only_from=[task.state])
+        if body.state is not None and body.state.state in ("running", "done"):
+            scheduler.store.change_state(
+                task.id, TaskState.RUNNING, only_from=[TaskState.SUBMITTED, TaskState.PENDING]
+            )
+        if body.exit is not None and body.exit.get("outcome") in RUNNER_OUTCOMES:
+            seen = observation_from_exit(body.exit)
+            scheduler.store.change_state(
+                task.id,
+                seen.state,
+                seen.reason,
+                only_from=[TaskState.RUNNING],
+                exit_code=seen.exit_code,
+            )
         return {"ok": True}
 
     @app.get(f"{API}/resources")
@@ -189,6 +210,57 @@ def create_app(scheduler: Scheduler, lifespan: Any = None) -> FastAPI:
             PoolOut.of(p, scheduler.pool_states.get(p.name), scheduler.drivers[p.name].strangers)
             for p in scheduler.estate.pools.values()
         ]
+
+    @app.get(f"{API}/usage")
+    def usage(who: Auth, by: UsageKey = "team", since: float | None = None) -> UsageOut:
+        """GPU-seconds and wall seconds from the ledger; admins see everyone, users themselves."""
+        until = time.time()
+        runs = [
+            Run(r.owner, r.team, r.project, r.resource, r.pool, r.gpus, r.start, r.end)
+            for r in scheduler.store.ledger(since=since)
+            if who.admin or r.owner == who.user
+        ]
+        return UsageOut(
+            by=by,
+            since=since,
+            until=until,
+            everyone=who.admin,
+            rows=[
+                UsageLineOut(
+                    key=line.key,
+                    runs=line.runs,
+                    gpu_seconds=line.gpu_seconds,
+                    gpu_hours=line.gpu_hours,
+                    wall_seconds=line.wall_seconds,
+                    ongoing=line.ongoing,
+                )
+                for line in summarise(runs, by, until, since)
+            ],
+        )
+
+    @app.post(f"{API}/policy/simulate")
+    def policy_simulate(body: SimulateRequest, who: Auth) -> SimulationOut:
+        """One placement cycle of the current queue under a changed estate; changes nothing."""
+        if not who.admin:
+            raise NotPermitted(
+                "only an admin token can simulate a changed estate; ask the platform team"
+            )
+        estate = parse_estate(body.estate, body.source)
+        now = time.time()
+        store = scheduler.store
+        queued = [queued_of(t) for t in store.tasks(states=[TaskState.QUEUED])]
+        active = [_active(t, now) for t in store.tasks(states=HOLDING)]
+        half_life = estate.fair_share_half_life_s
+        ledger = store.ledger(since=now - 10 * half_life)
+        shares = decayed_usage(
+            [UsageRow(r.team or "", r.start, r.end, r.gpus) for r in ledger], now, half_life
+        )
+        states = dict(scheduler.pool_states)
+        result = simulate(estate, queued, active, states, shares, now)
+        out = SimulationOut.model_validate(result.to_dict())
+        if body.include_trace:
+            out.trace = Trace(queued, active, states, shares, now).to_dict()
+        return out
 
     return app
 

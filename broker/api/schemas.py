@@ -122,8 +122,17 @@ class ScalarIn(BaseModel):
     time: float | None = None
 
 
+class StatusIn(BaseModel):
+    """status.json, as the runner writes it (docs/job-directory.md)."""
+
+    state: Literal["setting_up", "running", "done"]
+    time: float | None = None
+    host: str | None = None
+    pid: int | None = None
+
+
 class Report(BaseModel):
-    state: Literal["setting_up", "running", "done"] | None = None
+    state: StatusIn | None = None
     exit: dict[str, Any] | None = None
     console: ConsoleIn | None = None
     scalars: list[ScalarIn] = []
@@ -183,3 +192,61 @@ class PoolOut(BaseModel):
             queued=state.queued,
             unknown_jobs=sorted(strangers),
         )
+
+
+class UsageLineOut(BaseModel):
+    key: str  # a team, project or user, as `by` asks
+    runs: int
+    gpu_seconds: float
+    gpu_hours: float
+    wall_seconds: float
+    ongoing: int  # runs still going, counted up to `until`
+
+
+class UsageOut(BaseModel):
+    by: str
+    since: float | None
+    until: float
+    everyone: bool  # False: only the caller's own runs
+    rows: list[UsageLineOut]
+
+
+class SimulateRequest(BaseModel):
+    estate: str = Field(min_length=1, description="The changed estate file's YAML text.")
+    source: str = Field("<posted estate>", max_length=1000, description="Its name, for errors.")
+    include_trace: bool = Field(False, description="Also return the inputs, to replay offline.")
+
+
+class SimulatedTaskOut(BaseModel):
+    id: int
+    owner: str
+    team: str | None
+    resource: str
+    outcome: Literal["start", "wait"]
+    pool: str | None
+    borrowed: bool
+    sentence: str  # "would start on POOL" or "would wait: WHY"
+    reason: str | None  # the pending code when it would wait
+    detail: str | None
+    pools: dict[str, str]
+
+
+class TeamSummaryOut(BaseModel):
+    team: str
+    tasks: int
+    start: int
+    wait: int
+    pools: dict[str, int]
+    reasons: dict[str, int]
+
+
+class SimulationOut(BaseModel):
+    now: float
+    queued: int
+    active: int
+    tasks: list[SimulatedTaskOut]
+    teams: list[TeamSummaryOut]
+    preempted: list[int]
+    withdrawn: list[int]
+    assumed_pools: list[str]
+    trace: dict[str, Any] | None = None

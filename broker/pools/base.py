@@ -30,6 +30,9 @@ class Observation:
     job_dir: str | None = None
 
 
+# Outcomes that only the runner knows: the task itself ended. Any other ending (a signal)
+# is the scheduler's to name: walltime, cancel, node failure.
+RUNNER_OUTCOMES = ("completed", "failed", "setup_failed")
 PREEMPTED_MARKER = "preempted"  # docs/job-directory.md: the runner reports `preempted`
 
 

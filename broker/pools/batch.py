@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 from broker.domain import Pool, Profile, Task, TaskState
 from broker.errors import KliqueError, NotPermitted, SubmitError, SubmitUnknown, TransportError
 from broker.pools.base import (
+    RUNNER_OUTCOMES,
     Context,
     Observation,
     PoolDriver,
@@ -376,11 +377,7 @@ class BatchDriver(PoolDriver):
     ) -> Observation:
         """The exit file decides, unless the scheduler ended the job (walltime, cancel, node)."""
         state = self.STATES[status.state]
-        if exit_doc is not None and exit_doc.get("outcome") in (
-            "completed",
-            "failed",
-            "setup_failed",
-        ):
+        if exit_doc is not None and exit_doc.get("outcome") in RUNNER_OUTCOMES:
             return observation_from_exit(exit_doc)
         code = exit_doc.get("exit_code") if exit_doc else status.exit_code
         reason = self._reason(status) or f"the scheduler reports {status.state}"

@@ -59,7 +59,10 @@ TORQUE_EXEC_CODES: dict[int, str] = {
     -12: "limit",  # JOB_EXEC_OVERLIMIT_CPUT: job exceeded a CPU time limit
 }
 _SUBSTATE_TERMINATED = 91  # PBS Professional: the job was deleted (qdel) or aborted
-_SIGTERM_STATUS = 256 + 15  # how both report a running job that qdel ended
+# qdel ends a running job with SIGTERM: PBS reports 256 + 15 when the signal killed it, and the
+# script's own 128 + 15 when it caught the signal and exited (as the runner does). A task that
+# exits 143 by itself is told apart by its exit file, which decides first.
+_SIGTERM_STATUSES = (256 + 15, 128 + 15)
 
 # Every state the parsers yield: the native states, and "<F|X|C>/<ending>" once finished.
 PBS_ALL_STATES: dict[str, TaskState] = {
@@ -219,7 +222,7 @@ def _status(job_id: str, attrs: Mapping[str, Any], exec_codes: Mapping[int, str]
 
 def ending(status: int | None, substate: int | None, exec_codes: Mapping[int, str]) -> str:
     """Which PBS_ENDINGS entry a finished job's exit status (and PBS Pro substate) names."""
-    if status is None or substate == _SUBSTATE_TERMINATED or status == _SIGTERM_STATUS:
+    if status is None or substate == _SUBSTATE_TERMINATED or status in _SIGTERM_STATUSES:
         return "deleted"
     if status < 0:
         return exec_codes.get(status, "exec")

@@ -49,18 +49,21 @@ class Scheduler:
     pool_states: dict[str, PoolState] = field(default_factory=dict)
     cycles: int = 0
     _wake: asyncio.Event = field(default_factory=asyncio.Event)
+    _loop: asyncio.AbstractEventLoop | None = None
 
     def wake(self) -> None:
-        """Run the next cycle now (a task was submitted or cancelled)."""
-        self._wake.set()
+        """Run the next cycle now (a task was submitted or cancelled); safe from any thread."""
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._wake.set)
 
     async def run(self, stop: asyncio.Event) -> None:
+        self._loop = asyncio.get_running_loop()
         while not stop.is_set():
+            self._wake.clear()  # a wake during the cycle below runs the next one at once
             try:
                 await self.cycle()
             except Exception:  # a bad cycle must never stop the scheduler
                 log.exception("scheduler cycle failed; retrying next cycle")
-            self._wake.clear()
             waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self._wake.wait())]
             await asyncio.wait(waits, timeout=self.interval_s, return_when=asyncio.FIRST_COMPLETED)
             for w in waits:

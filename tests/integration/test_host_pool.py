@@ -300,3 +300,18 @@ def test_a_task_with_requirements_runs_with_those_packages(host_server):
     assert host_server.wait_state(second, timeout=120)["state"] == "completed"
     logs = host_server.cli("logs", str(second)).output
     assert "reusing environment" in logs and "six 1.16.0" in logs
+
+
+def test_the_runner_reports_over_http_console_scalars_and_state(host_server):
+    code = ("from inside_job import report\n"
+            "print('over the wire', flush=True)\n"
+            "report.scalar('loss', 0.25, step=3)\n")
+    task_id = submitted_id(host_server.cli("submit", "--no-code", "--json", "--", PY, "-c", code))
+    task = host_server.wait_state(task_id)
+    assert task["state"] == "completed", task
+    copy = host_server.home / "console" / f"{task_id}.log"
+    wait_for(lambda: copy.exists() and "over the wire" in copy.read_text(), 30,
+             "the console to arrive over HTTP")
+    shown = json.loads(host_server.cli("show", str(task_id), "--json").output)
+    assert [(s["name"], s["value"], s["step"]) for s in shown["scalars"]] == [("loss", 0.25, 3)]
+    assert "loss = 0.25 (step 3)" in host_server.cli("show", str(task_id)).output
