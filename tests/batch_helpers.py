@@ -9,8 +9,7 @@ import shutil
 import socket
 import subprocess
 import tempfile
-import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +20,6 @@ from conftest import free_port, wait_for
 ROOT = Path(__file__).resolve().parent.parent
 FAKES = ROOT / "tests" / "fakes"
 JOB_PYTHON = "/usr/bin/python3"  # the test accounts cannot read the virtual environment's
-SIMULATORS = ("pbspro", "torque", "lsf")
 PROGRAMS = {
     "slurm": ("sbatch", "squeue", "scancel"),
     "pbspro": ("qsub", "qstat", "qdel"),
@@ -56,6 +54,9 @@ def login_node(
     bin_dir = folder / "bin"
     bin_dir.mkdir(parents=True, exist_ok=True)
     bin_dir.chmod(0o755)
+    if count_file is not None:  # the status command runs as the pool's accounts
+        count_file.touch()
+        count_file.chmod(0o666)
     for program in PROGRAMS[scheduler]:
         if scheduler == "slurm":
             target = shutil.which(program, path="/usr/bin:/usr/local/bin")
@@ -68,7 +69,7 @@ def login_node(
             lines += [f"export {k}='{v}'" for k, v in settings.items()]
         if count_file is not None and program == STATUS_PROGRAM[scheduler]:
             lines.append(f"echo \"$*\" >>'{count_file}'")
-        lines.append(f'exec \'{target}\' "$@"')
+        lines.append(f"exec '{target}' \"$@\"")
         path = bin_dir / program
         path.write_text("\n".join(lines) + "\n")
         path.chmod(0o755)
@@ -181,15 +182,5 @@ def count_lines(path: Path) -> list[str]:
     return path.read_text().splitlines() if path.exists() else []
 
 
-def health(url: str) -> Mapping[str, Any]:
-    import httpx
-
-    return httpx.get(url + "/api/v1/health", timeout=10).json()  # type: ignore[no-any-return]
-
-
 def remove_tree(folder: Path) -> None:
     shutil.rmtree(folder, ignore_errors=True)
-
-
-def monotonic() -> float:
-    return time.monotonic()

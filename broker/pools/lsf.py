@@ -92,6 +92,7 @@ class LsfDriver(BatchDriver):
     kind = "lsf"
     STATES = LSF_ALL_STATES
     REASONS = LSF_REASONS
+    SELF_ENDED = frozenset({"DONE", "EXIT"})  # the job script's own exit or signal
 
     def directives(self, task: Task, profile: Profile, job_dir: str) -> list[str]:
         settings = self.pool.settings

@@ -8,11 +8,11 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from broker.domain import Profile, Task, TaskState
+from broker.domain import Pool, Profile, Task, TaskState
 from broker.errors import SubmitError, TransportError
-from broker.pools.base import Observation
+from broker.pools.base import Context, Observation
 from broker.pools.batch import BatchDriver, NativeStatus, walltime_hms
-from broker.transport import Completed
+from broker.transport import Completed, Transport
 
 # PBS Professional 2022 Reference Guide, qstat(1B) "Job States" (job_state of
 # pbs_job_attributes(7B)), and the TORQUE 6.1 Administrator Guide, qstat "job states".
@@ -98,11 +98,15 @@ class PbsDriver(BatchDriver):
     kind = "pbs"
     STATES = PBS_ALL_STATES
     REASONS = PBS_REASONS
+    # The job script's own exit or signal: only the exit file tells how the task ended.
+    SELF_ENDED = frozenset(
+        f"{code}/{end}" for code in _FINISHED for end in ("completed", "failed", "signal")
+    )
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.dialect = str(self.pool.settings.get("dialect") or "pbspro")
-        self._job_ids: list[str] = []
+    def __init__(self, pool: Pool, context: Context, transport: Transport | None = None) -> None:
+        super().__init__(pool, context, transport)
+        self.dialect = str(pool.settings.get("dialect") or "pbspro")
+        self._job_ids: list[str] = []  # the jobs the next status query names
 
     def directives(self, task: Task, profile: Profile, job_dir: str) -> list[str]:
         settings = self.pool.settings
@@ -138,8 +142,9 @@ class PbsDriver(BatchDriver):
         return await super().poll(tasks)
 
     def status_argv(self, accounts: Sequence[str]) -> list[str]:
-        if self.dialect == "torque":
+        if self.dialect == "torque":  # Torque lists completed jobs (C) for keep_completed
             return ["qstat", "-f", "-1", *self._job_ids]
+        # -x: finished jobs (F) and their Exit_status, kept while job_history_enable is set.
         return ["qstat", "-x", "-f", "-F", "json", *self._job_ids]
 
     def status_listed(self, done: Completed) -> bool:

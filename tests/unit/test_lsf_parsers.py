@@ -1,0 +1,143 @@
+"""IBM Spectrum LSF: the parsers on captured bsub/bjobs output, the state table, the directives
+and the script they make."""
+
+from pathlib import Path
+
+import pytest
+
+from broker.domain import TaskState
+from broker.errors import SubmitError, TemplateError
+from broker.estate import parse_estate
+from broker.pools.base import Context
+from broker.pools.lsf import (
+    LSF_ALL_STATES,
+    LsfDriver,
+    parse_bjobs_json,
+    parse_bsub,
+    run_limit_minutes,
+)
+from broker.preview import sample_task
+from broker.transport import Completed
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "lsf"
+
+
+def seen(statuses):
+    return {s.native_id: (s.name, s.state, s.exit_code) for s in statuses}
+
+
+def test_bsub_prints_the_job_id():
+    assert parse_bsub((DATA / "bsub.stdout").read_text()) == "5613"
+    assert parse_bsub((DATA / "bsub_default_queue.stdout").read_text()) == "5614"
+
+
+@pytest.mark.parametrize("name", ["bsub_unknown_queue.stderr", "bsub_too_many_processors.stderr"])
+def test_a_refusal_is_a_submit_error(name):
+    with pytest.raises(SubmitError):
+        parse_bsub((DATA / name).read_text())
+
+
+def test_bjobs_json_gives_every_job_its_state_and_exit():
+    jobs = seen(parse_bjobs_json((DATA / "bjobs_o_json_a.json").read_text()))
+    assert jobs == {
+        "5601": ("klique-81", "PEND", None),
+        "5602": ("klique-82", "PSUSP", None),
+        "5603": ("klique-83", "RUN", None),
+        "5604": ("klique-84", "USUSP", None),
+        "5605": ("klique-85", "SSUSP", None),
+        "5606": ("klique-86", "DONE", None),
+        "5607": ("klique-87", "EXIT", 1),
+        "5608": ("klique-88", "EXIT/TERM_RUNLIMIT", 140),
+        "5609": ("klique-89", "EXIT/TERM_OWNER", 130),
+        "5610": ("klique-90", "EXIT/TERM_OWNER", None),
+        "5611": ("klique-91", "UNKWN", None),
+        "5612": ("klique-92", "ZOMBI", None),
+    }
+    states = {k: LSF_ALL_STATES[state] for k, (_, state, _) in jobs.items()}
+    assert states["5602"] is TaskState.PENDING
+    assert states["5605"] is TaskState.RUNNING
+    assert states["5608"] is TaskState.TIMEOUT
+    assert states["5609"] is states["5610"] is TaskState.CANCELLED
+    assert states["5612"] is TaskState.LOST
+
+
+def test_pending_and_suspended_jobs_carry_lsfs_reason():
+    jobs = {s.native_id: s for s in parse_bjobs_json((DATA / "bjobs_o_json_a.json").read_text())}
+    assert jobs["5601"].reason == "Not enough GPU resources"
+    assert jobs["5605"].reason.startswith("The job was suspended by LSF because the load")
+
+
+def test_an_unknown_job_is_an_error_record_and_is_left_out():
+    jobs = seen(parse_bjobs_json((DATA / "bjobs_o_json_found_and_missing.json").read_text()))
+    assert list(jobs) == ["5603"]
+    assert parse_bjobs_json((DATA / "bjobs_o_json_all_missing.json").read_text()) == []
+    assert parse_bjobs_json((DATA / "bjobs_o_json_no_jobs.json").read_text()) == []
+
+
+def test_the_field_list_psij_polls_with_parses_too():
+    jobs = seen(parse_bjobs_json((DATA / "bjobs_o_json_reasons.json").read_text()))
+    assert {state for _, state, _ in jobs.values()} <= set(LSF_ALL_STATES)
+    assert jobs["5608"][1] == "EXIT/TERM_RUNLIMIT"
+
+
+def test_a_run_limit_kill_without_a_reason_is_told_by_its_exit_code():
+    text = '{"RECORDS": [{"JOBID": "7", "STAT": "EXIT", "EXIT_CODE": "140", "EXIT_REASON": ""}]}'
+    assert seen(parse_bjobs_json(text)) == {"7": ("", "EXIT/TERM_RUNLIMIT", 140)}
+
+
+@pytest.mark.parametrize(("seconds", "minutes"), [(5, 1), (60, 1), (61, 2), (5400, 90)])
+def test_the_run_limit_is_whole_minutes_rounded_up(seconds, minutes):
+    assert run_limit_minutes(seconds) == minutes
+
+
+def driver(pool_settings="", profile="gpus: 2, cpus: 3, memory: 100M, walltime: 90s"):
+    estate = parse_estate(
+        f"""
+resources:
+  r:
+    profile: {{pools: [p], {profile}}}
+pools:
+  p: {{kind: lsf, job_root: /scratch/klique, user_map: {{alice: alice}}{pool_settings}}}
+"""
+    )
+    context = Context(estate, Path("."), Path("klique-runner.pyz"), None)
+    return LsfDriver(estate.pools["p"], context), sample_task(estate, "r")
+
+
+def test_directives_carry_slots_memory_gpus_and_the_run_limit():
+    lsf, task = driver(", queue: gpu, account: proj-1")
+    lines = [line for line in lsf.render(task).splitlines() if line.startswith("#BSUB")]
+    assert lines == [
+        "#BSUB -J klique-0",
+        "#BSUB -Jd klique-0",
+        "#BSUB -q gpu",
+        "#BSUB -P proj-1",
+        "#BSUB -n 3",
+        '#BSUB -R "span[hosts=1]"',
+        '#BSUB -R "rusage[mem=100MB]"',
+        '#BSUB -gpu "num=2"',
+        "#BSUB -W 2",
+        "#BSUB -o /scratch/klique/klique-0/lsf-%J.out",
+    ]
+
+
+def test_a_hostile_pool_setting_never_reaches_the_script():
+    lsf, task = driver(", account: '$(touch /tmp/pwned)'")
+    with pytest.raises(TemplateError):
+        lsf.render(task)
+
+
+def test_the_script_goes_to_bsub_on_standard_input_as_data():
+    lsf, _ = driver()
+    argv = lsf.submit_argv("/scratch/klique/klique-0/job.sh")
+    assert argv[:2] == ["sh", "-c"] and argv[-1] == "/scratch/klique/klique-0/job.sh"
+    assert "klique-0" not in argv[2]
+
+
+def test_status_asks_for_the_pools_accounts_and_reads_an_empty_answer():
+    lsf, _ = driver()
+    assert lsf.status_argv(["alice"])[-2:] == ["-u", "alice"]
+    assert lsf.status_argv(["alice", "bob"])[-2:] == ["-u", "all"]
+    empty = (DATA / "bjobs_o_json_no_jobs.json").read_text()
+    assert lsf.status_listed(Completed(255, empty, ""))
+    assert not lsf.status_listed(Completed(255, "", "LSF is down. Please wait ...\n"))

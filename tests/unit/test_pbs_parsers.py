@@ -1,0 +1,208 @@
+"""PBS Professional and Torque: the parsers on captured qsub/qstat output, the state table, the
+directives and the script they make."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from broker.domain import TaskState
+from broker.errors import SubmitError, TemplateError
+from broker.estate import parse_estate
+from broker.pools.base import Context
+from broker.pools.pbs import (
+    PBS_ALL_STATES,
+    PBSPRO_EXEC_CODES,
+    TORQUE_EXEC_CODES,
+    PbsDriver,
+    ending,
+    parse_qstat_json,
+    parse_qstat_text,
+    parse_qsub,
+    qstat_text_jobs,
+)
+from broker.preview import sample_task
+from broker.transport import Completed
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+PBS = DATA / "pbs"
+TORQUE = DATA / "torque"
+
+# `qstat -f -1 1972 1985` of Debian's slurm-wlm-torque 22.05 wrappers (tab-indented, no
+# exit_status), captured on the cluster of scripts/slurm-up.
+SLURM_WRAPPER_QSTAT = (
+    "Job Id:\t1972\n\tJob_Name = klique-99\n\tJob_Owner = alice@localhost\n\tjob_state = C\n"
+    "\tqueue = debug\n\tqtime = Sun Nov 29 21:39:12 2026\n\texec_host = localhost/1\n"
+    "\tResource_List.walltime = 00:01:00\n\tResource_List.nodect = 1\n\n"
+    "Job Id:\t1985\n\tJob_Name = klique-98\n\tJob_Owner = alice@localhost\n\tjob_state = R\n"
+    "\tqueue = debug\n\tResource_List.ncpus = 2\n\n"
+)
+
+
+def seen(statuses):
+    return {s.native_id: (s.name, s.state, s.exit_code) for s in statuses}
+
+
+def test_qsub_prints_the_job_id():
+    assert parse_qsub((PBS / "qsub.stdout").read_text()) == "4334.pbs01"
+    assert parse_qsub((TORQUE / "qsub.stdout").read_text()) == "2355.tq-head.cluster.example.org"
+    assert parse_qsub("1972\n") == "1972"  # the slurm-wlm-torque wrapper: Slurm's bare id
+
+
+@pytest.mark.parametrize("text", ["", "qsub: Unknown queue", "There was an error running"])
+def test_qsub_without_a_job_id_is_a_submit_error(text):
+    with pytest.raises(SubmitError):
+        parse_qsub(text)
+
+
+def test_qstat_json_with_history_gives_every_job_its_state_and_exit():
+    jobs = seen(parse_qstat_json((PBS / "qstat_f_F_json_x.json").read_text()))
+    assert jobs == {
+        "4321.pbs01": ("klique-41", "Q", None),
+        "4322.pbs01": ("klique-42", "H", None),
+        "4323.pbs01": ("klique-43", "R", None),
+        "4324.pbs01": ("klique-44", "E", None),
+        "4325.pbs01": ("klique-45", "F/completed", 0),
+        "4326.pbs01": ("klique-46", "F/walltime", None),
+        "4327.pbs01": ("klique-47", "F/deleted", 143),
+        "4328.pbs01": ("klique-48", "F/deleted", None),
+        "4329.pbs01": ("klique-49", "F/failed", 1),
+        "4330.pbs01": ("klique-50", "W", None),
+        "4331.pbs01": ("klique-51", "S", None),
+        "4332.pbs01": ("klique-52", "M", None),
+        "4333[].pbs01": ("klique-53", "B", None),
+    }
+    states = {k: PBS_ALL_STATES[state] for k, (_, state, _) in jobs.items()}
+    assert states["4326.pbs01"] is TaskState.TIMEOUT
+    assert states["4327.pbs01"] is states["4328.pbs01"] is TaskState.CANCELLED
+    assert states["4324.pbs01"] is TaskState.RUNNING  # exiting: the exit file is not final yet
+
+
+def test_a_queued_job_carries_the_schedulers_comment_as_its_reason():
+    jobs = {s.native_id: s for s in parse_qstat_json((PBS / "qstat_f_F_json_x.json").read_text())}
+    assert jobs["4321.pbs01"].reason.startswith("Not Running: Insufficient amount of resource")
+    assert jobs["4326.pbs01"].reason == "exit status -29"
+
+
+def test_qstat_json_without_jobs_and_for_an_array():
+    assert parse_qstat_json((PBS / "qstat_f_F_json_no_jobs.json").read_text()) == []
+    jobs = seen(parse_qstat_json((PBS / "qstat_f_F_json_x_t_array.json").read_text()))
+    assert jobs["4333[0].pbs01"][1:] == ("X/completed", 0)
+    assert {state for _, state, _ in jobs.values()} <= set(PBS_ALL_STATES)
+
+
+def test_pbs_pro_long_text_agrees_with_its_json():
+    text = seen(parse_qstat_text((PBS / "qstat_f_x.txt").read_text(), PBSPRO_EXEC_CODES))
+    full = seen(parse_qstat_json((PBS / "qstat_f_F_json_x.json").read_text()))
+    assert text == {job_id: full[job_id] for job_id in ("4323.pbs01", "4325.pbs01")}
+
+
+def test_torque_qstat_f_gives_every_job_its_state_and_exit():
+    jobs = seen(parse_qstat_text((TORQUE / "qstat_f.txt").read_text(), TORQUE_EXEC_CODES))
+    assert {k.split(".")[0]: v[1:] for k, v in jobs.items()} == {
+        "2345": ("Q", None),
+        "2346": ("H", None),
+        "2347": ("W", None),
+        "2348": ("R", None),
+        "2349": ("E", None),
+        "2350": ("C/completed", 0),
+        "2351": ("C/walltime", None),
+        "2352": ("C/deleted", 143),
+        "2353": ("C/exec", None),
+        "2354": ("C/failed", 1),
+    }
+    assert PBS_ALL_STATES["C/walltime"] is TaskState.TIMEOUT
+    assert PBS_ALL_STATES["C/exec"] is TaskState.FAILED
+
+
+def test_torque_long_values_read_the_same_broken_or_on_one_line():
+    broken = dict(qstat_text_jobs((TORQUE / "qstat_f.txt").read_text()))
+    single = dict(qstat_text_jobs((TORQUE / "qstat_f_1.txt").read_text()))
+    assert broken == single
+    job = broken["2345.tq-head.cluster.example.org"]
+    assert job["Error_Path"].endswith("/klique/jobs/klique-61/pbs.err")
+    assert "PBS_O_WORKDIR=/scratch/alice/klique/jobs/klique-61" in job["Variable_List"]
+
+
+def test_the_slurm_torque_wrappers_tab_indented_format():
+    jobs = seen(parse_qstat_text(SLURM_WRAPPER_QSTAT, TORQUE_EXEC_CODES))
+    # No exit_status: an ended job looks deleted, and the exit file has to decide.
+    assert jobs == {"1972": ("klique-99", "C/deleted", None), "1985": ("klique-98", "R", None)}
+
+
+@pytest.mark.parametrize(
+    ("status", "substate", "codes", "expected"),
+    [
+        (0, 92, PBSPRO_EXEC_CODES, "completed"),
+        (3, 92, PBSPRO_EXEC_CODES, "failed"),
+        (-29, 93, PBSPRO_EXEC_CODES, "walltime"),
+        (-27, 93, PBSPRO_EXEC_CODES, "memory"),
+        (-3, 93, PBSPRO_EXEC_CODES, "exec"),
+        (265, 92, PBSPRO_EXEC_CODES, "signal"),  # 256 + SIGKILL
+        (271, None, TORQUE_EXEC_CODES, "deleted"),  # 256 + SIGTERM: qdel
+        (143, None, TORQUE_EXEC_CODES, "deleted"),  # the job caught qdel's SIGTERM
+        (None, 91, PBSPRO_EXEC_CODES, "deleted"),
+        (-11, None, TORQUE_EXEC_CODES, "walltime"),
+        (-11, None, PBSPRO_EXEC_CODES, "exec"),  # -11 is not PBS Professional's walltime code
+    ],
+)
+def test_how_a_finished_job_ended(status, substate, codes, expected):
+    assert ending(status, substate, codes) == expected
+
+
+def driver(pool_settings="", profile="gpus: 1, cpus: 2, memory: 512M, walltime: 90m"):
+    estate = parse_estate(
+        f"""
+resources:
+  r:
+    profile: {{pools: [p], {profile}}}
+pools:
+  p: {{kind: pbs, job_root: /scratch/klique, user_map: {{alice: alice}}{pool_settings}}}
+"""
+    )
+    context = Context(estate, Path("."), Path("klique-runner.pyz"), None)
+    return PbsDriver(estate.pools["p"], context), sample_task(estate, "r")
+
+
+def directive_lines(script):
+    return [line for line in script.splitlines() if line.startswith("#PBS")]
+
+
+def test_pbs_pro_directives_select_one_chunk():
+    pbs, task = driver(", queue: gpu, account: proj-1")
+    assert directive_lines(pbs.render(task)) == [
+        "#PBS -N klique-0",
+        "#PBS -q gpu",
+        "#PBS -A proj-1",
+        "#PBS -l select=1:ncpus=2:ngpus=1:mem=512mb",
+        "#PBS -l walltime=01:30:00",
+        "#PBS -j oe",
+        "#PBS -o /scratch/klique/klique-0/pbs.out",
+    ]
+
+
+def test_torque_directives_ask_for_nodes_ppn_and_gpus():
+    pbs, task = driver(", dialect: torque", "gpu_fraction: 0.5, cpus: 4, memory: 1G")
+    assert directive_lines(pbs.render(task))[1:3] == [
+        "#PBS -l nodes=1:ppn=4:gpus=1",  # a fraction of a GPU takes a whole one
+        "#PBS -l mem=1024mb",
+    ]
+
+
+def test_a_hostile_pool_setting_never_reaches_the_script():
+    pbs, task = driver(", queue: 'gpu; touch /tmp/pwned'")
+    with pytest.raises(TemplateError):
+        pbs.render(task)
+
+
+def test_status_names_the_pools_jobs_and_reads_through_unknown_ids():
+    pbs, _ = driver()
+    pbs._job_ids = ["4325.pbs01", "9999"]
+    assert pbs.status_argv(["alice"]) == ["qstat", "-x", "-f", "-F", "json", "4325.pbs01", "9999"]
+    unknown = (PBS / "qstat_f_F_json_x_mixed.stderr").read_text()
+    assert pbs.status_listed(Completed(153, "{}", unknown))
+    finished = (PBS / "qstat_finished_without_x.stderr").read_text()
+    assert pbs.status_listed(Completed(35, "{}", finished))
+    assert pbs.status_listed(Completed(153, "", (TORQUE / "qstat_unknown.stderr").read_text()))
+    down = "qstat: cannot connect to server pbs01 (errno=15010)\n"
+    assert not pbs.status_listed(Completed(1, json.dumps({"pbs_server": "pbs01"}), down))
