@@ -17,6 +17,8 @@ def with_uv(uv: str, python: str, dest: str, source: Source, cache: str, compile
     """uv venv --relocatable + uv pip install, with a node-local cache."""
     os.makedirs(cache, exist_ok=True)
     env = dict(os.environ, UV_CACHE_DIR=cache, UV_PYTHON_DOWNLOADS="never", UV_NO_PROGRESS="1")
+    # Sites put their own certificate authorities in the system store, as pip and git see it.
+    env.setdefault("UV_SYSTEM_CERTS", "1")
     if os.stat(cache).st_dev != os.stat(os.path.dirname(dest)).st_dev:
         env["UV_LINK_MODE"] = "copy"  # hard links cannot cross file systems
     _run(
