@@ -6,6 +6,7 @@ named template, then `<kind>/default.sh.j2`. Templates may include shared partia
 
 from __future__ import annotations
 
+import functools
 import re
 import shlex
 from collections.abc import Mapping
@@ -31,7 +32,9 @@ def _quote(value: Any) -> str:
     return shlex.quote(str(value))
 
 
+@functools.lru_cache(maxsize=16)
 def environment(root: Path = TEMPLATES) -> jinja2.Environment:
+    """One environment per folder, kept: it caches compiled templates (reloaded when edited)."""
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(root)),
         undefined=jinja2.StrictUndefined,

@@ -9,9 +9,10 @@ from __future__ import annotations
 import hashlib
 import json
 import secrets
+import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,9 @@ def default_url(home: Path) -> str:
     return f"sqlite:///{home / 'klique.db'}"
 
 
+_WRITER = "klique_writer"  # an execution option: this transaction will write
+
+
 def _engine(url: str) -> Engine:
     url = normalise_url(url)
     if not url.startswith("sqlite"):
@@ -59,8 +63,10 @@ def _engine(url: str) -> Engine:
 
     @event.listens_for(engine, "begin")
     def _begin(conn: Any) -> None:
-        # Take the write lock at the start so two writers never deadlock on upgrade.
-        conn.exec_driver_sql("BEGIN IMMEDIATE")
+        # Writers take the write lock at the start so two never deadlock on upgrade; readers
+        # read a snapshot (WAL) and wait for no one.
+        writer = conn.get_execution_options().get(_WRITER, False)
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if writer else "BEGIN")
 
     return engine
 
@@ -74,6 +80,15 @@ class Store:
         self.url = normalise_url(url)
         self.engine = _engine(self.url)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+        self._writes = sessionmaker(
+            self.engine.execution_options(**{_WRITER: True}), expire_on_commit=False
+        )
+        # SQLite has one writer at a time, and a writer that finds the lock taken sleeps in
+        # steps of up to 100 ms. Writers of this process queue here instead and go on the
+        # moment the lock is free; other processes still meet SQLite's own lock.
+        self._writer: AbstractContextManager[Any] = (
+            threading.RLock() if self.url.startswith("sqlite") else nullcontext()
+        )
 
     @classmethod
     def open(cls, url: str) -> Store:
@@ -89,7 +104,7 @@ class Store:
 
     @contextmanager
     def _tx(self) -> Iterator[Session]:
-        with self._sessions.begin() as session:
+        with self._writer, self._writes.begin() as session:
             yield session
 
     # Tasks

@@ -425,3 +425,32 @@ def test_ssh_to_a_closed_port_is_a_readable_transport_error() -> None:
             run(attempt(str(known_hosts)))
     finally:
         known_hosts.unlink()
+
+
+def test_local_write_files_makes_the_folder_and_keeps_each_files_mode(home_dir: str) -> None:
+    files = {"task.json": (b'{"id": 1}', 0o644), "job.sh": (b"#!/bin/sh\n", 0o755)}
+
+    async def scenario() -> None:
+        transport = LocalTransport()
+        folder = f"{home_dir}/a/klique-1"
+        await transport.write_files(folder, files, account="alice")
+        shown = await transport.write_files(  # again, then a command that reads them
+            folder, files, account="alice", then=["cat", f"{folder}/task.json"]
+        )
+        assert (shown.returncode, shown.stdout) == (0, '{"id": 1}')
+        failed = await transport.write_files(folder, files, account="alice", then=["false"])
+        assert failed.returncode == 1  # the command's failure is the caller's to judge
+        with pytest.raises(CommandFailed, match="could not write x into /root/y as bob"):
+            await transport.write_files("/root/y", {"x": (b"", 0o644)}, account="bob")
+        with pytest.raises(TransportError, match="plain names"):
+            await transport.write_files(home_dir, {"../x": (b"", 0o644)}, account="alice")
+
+    run(scenario())
+    alice = pwd.getpwnam("alice")
+    folder = Path(home_dir) / "a" / "klique-1"
+    assert sorted(os.listdir(folder)) == ["job.sh", "task.json"]
+    for name, (data, mode) in files.items():
+        info = os.stat(folder / name)
+        assert (info.st_uid, info.st_mode & 0o777) == (alice.pw_uid, mode)
+        assert (folder / name).read_bytes() == data
+    assert os.stat(folder).st_uid == alice.pw_uid

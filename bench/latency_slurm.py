@@ -1,0 +1,103 @@
+"""Submit -> running on the Slurm cluster, median of 20, beside the same figure for a bare sbatch.
+
+Bare sbatch: from the call to the moment the job's first command runs (it writes the time).
+Klique: from the POST to the task's RUNNING stamp (the runner reports as it starts the command);
+beside it, from the POST to sbatch's acceptance (Klique's own share of the wait).
+Last line: {"klique_median_s": ..., "sbatch_median_s": ..., ...}.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+
+from _common import klique_server, last_line, median
+
+RUNS = 20
+ACCOUNT = "alice"
+WORK = Path(os.environ.get("KLIQUE_SLURM_DIR", "/tmp/klique-slurm")) / "work"
+TIMEOUT_S = 120
+
+
+def estate(job_root: Path) -> str:
+    return f"""
+resources:
+  cpu:
+    profile: {{cpus: 1, memory: 100M, walltime: 10m, pools: [slurm]}}
+pools:
+  slurm:
+    kind: slurm
+    partition: debug
+    job_root: {job_root}
+    python: /usr/bin/python3
+    poll_interval: 2s
+    user_map: {{admin: {ACCOUNT}}}
+"""
+
+
+def bare_sbatch(job_root: Path, i: int) -> float:
+    stamp = job_root / f"bare-{i}.start"
+    argv = ["runuser", "-u", ACCOUNT, "--", "sbatch", "--parsable", "--job-name=bench-latency"]
+    argv += [f"--output={job_root}/bare-%j.out", "--wrap", f"date +%s.%N > {stamp}"]
+    t0 = time.time()
+    done = subprocess.run(argv, capture_output=True, text=True, cwd=WORK, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"sbatch failed: {done.stderr.strip()}")
+    deadline = time.monotonic() + TIMEOUT_S
+    while True:
+        try:
+            text = stamp.read_text().strip()
+        except FileNotFoundError:
+            text = ""
+        if text:
+            return float(text) - t0
+        if time.monotonic() > deadline:
+            raise SystemExit(f"job {done.stdout.strip()} did not start in {TIMEOUT_S} s")
+        time.sleep(0.005)
+
+
+def main() -> None:
+    job_root = WORK / f"bench-latency-{os.getpid()}"
+    job_root.mkdir(mode=0o1777)
+    os.chmod(job_root, 0o1777)
+    try:
+        bare = []
+        for i in range(RUNS):
+            bare.append(bare_sbatch(job_root, i))
+            print(f"sbatch {i + 1:2d}: submit -> running {bare[-1] * 1000:7.1f} ms", flush=True)
+        klique, accepted = [], []
+        with klique_server(estate(job_root)) as (api, _home):
+            for i in range(RUNS):
+                t0 = time.time()
+                task = api.post("/tasks", json={"command": ["true"], "name": f"lat-{i}"}).json()
+                deadline = time.monotonic() + TIMEOUT_S
+                while True:
+                    seen = api.get(f"/tasks/{task['id']}").json()
+                    if seen["started_at"]:
+                        klique.append(seen["started_at"] - t0)
+                        accepted.append(seen["submitted_at"] - t0)
+                        break
+                    if seen["state"] in ("failed", "lost", "cancelled", "timeout"):
+                        raise SystemExit(f"task {task['id']} {seen['state']}: {seen['reason']}")
+                    if time.monotonic() > deadline:
+                        raise SystemExit(f"task {task['id']} did not start in {TIMEOUT_S} s")
+                    time.sleep(0.005)
+                shown = f"{klique[-1] * 1000:7.1f} ms"
+                print(f"klique {i + 1:2d}: submit -> running {shown}", flush=True)
+    finally:
+        subprocess.run(["rm", "-rf", str(job_root)], check=False)
+    last_line(
+        {
+            "klique_median_s": median(klique),
+            "sbatch_median_s": median(bare),
+            "klique_post_to_sbatch_accepted_median_s": median(accepted),
+            "runs": RUNS,
+            "klique_minus_sbatch_s": round(median(klique) - median(bare), 4),
+        }
+    )
+
+
+if __name__ == "__main__":
+    main()
