@@ -1,0 +1,272 @@
+"""The platform team's commands: the estate, batch templates, tokens, usage, policy dry runs."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from broker import config
+from broker.cli_output import json_option, table, when
+from broker.client import Client
+from broker.errors import KliqueError
+
+
+@click.group()
+def estate() -> None:
+    """Check the estate file."""
+
+
+@estate.command("check")
+@click.argument("path", type=click.Path(dir_okay=False))
+def estate_check(path: str) -> None:
+    """Validate an estate file; every problem names the file, the line, the field and the fix."""
+    from broker.estate import load_estate
+
+    loaded = load_estate(path)
+    click.echo(
+        f"{path}: ok ({len(loaded.resources)} compute resources, {len(loaded.pools)} pools, "
+        f"{len(loaded.policies)} policies, {len(loaded.teams)} teams)"
+    )
+
+
+@click.group()
+def token() -> None:
+    """Make tokens for users (admin only)."""
+
+
+@token.command("create")
+@click.argument("user")
+@click.option("--admin", is_flag=True, help="Make an admin token.")
+def token_create(user: str, admin: bool) -> None:
+    """Print a new token for USER."""
+    click.echo(Client().post("/tokens", {"user": user, "admin": admin})["token"])
+
+
+@click.group()
+def template() -> None:
+    """Preview the batch scripts Klique submits."""
+
+
+@template.command("render")
+@click.option("--resource", "-r", required=True, help="The compute resource.")
+@click.option("--pool", help="The pool (default: the first batch pool in the profile's order).")
+@click.option("--task", "task_id", type=int, help="Render for this task (fetched from the API).")
+@click.option(
+    "--spec",
+    "spec_file",
+    type=click.Path(exists=True, dir_okay=False),
+    help="Render for a task spec in a JSON file (command, name, env, ...).",
+)
+@click.option("--owner", help="The Klique user to render for (default: the first mapped user).")
+@click.option(
+    "--estate",
+    "estate_path",
+    type=click.Path(dir_okay=False),
+    help="The estate file (default: $KLIQUE_HOME/estate.yaml).",
+)
+@click.option(
+    "--check",
+    is_flag=True,
+    help="Also run bash -n and, where the pool is reachable, the scheduler's test-only submission.",
+)
+def template_render(
+    resource: str,
+    pool: str | None,
+    task_id: int | None,
+    spec_file: str | None,
+    owner: str | None,
+    estate_path: str | None,
+    check: bool,
+) -> None:
+    """Print the exact script that would be submitted."""
+    from dataclasses import replace
+
+    from broker.domain import spec_from_dict
+    from broker.estate import load_estate
+    from broker.preview import render_preview, sample_task
+
+    estate_file = Path(estate_path) if estate_path else config.home() / "estate.yaml"
+    loaded = load_estate(estate_file)
+    task = sample_task(loaded, resource, owner)
+    if task_id is not None:
+        shown = Client().get(f"/tasks/{task_id}")
+        task = replace(
+            task,
+            id=task_id,
+            owner=shown["owner"],
+            spec=replace(
+                task.spec,
+                command=tuple(shown["command"]),
+                name=shown["name"],
+                project=shown["project"],
+            ),
+        )
+    elif spec_file is not None:
+        data = json.loads(Path(spec_file).read_text())
+        task = replace(task, spec=spec_from_dict({"resource": resource, **data}))
+    preview = render_preview(loaded, task, pool, check)
+    click.echo(preview.script, nl=False)
+    for line in preview.checks:
+        click.echo(f"# {line}", err=True)
+    if not preview.ok:
+        sys.exit(1)
+
+
+@click.command()
+@click.option(
+    "--by",
+    type=click.Choice(["team", "project", "user", "pool", "resource"]),
+    default="team",
+    show_default=True,
+    help="What to sum the runs by.",
+)
+@click.option(
+    "--since",
+    metavar="WHEN",
+    help="Only use from then on: 7d, 12h, 30m ago, a date (2026-11-01), or Unix seconds.",
+)
+@json_option
+def usage(by: str, since: str | None, as_json: bool) -> None:
+    """GPU-seconds and wall time from the ledger (yours; everyone's with an admin token)."""
+    from broker.usage import parse_since
+
+    start = None
+    if since is not None:
+        try:
+            start = parse_since(since, time.time())
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--since") from None
+    answer = Client().get("/usage", by=by, since=start)
+    if as_json:
+        click.echo(json.dumps(answer, indent=2))
+        return
+    rows = answer["rows"]
+    for row in rows:
+        row["gpu_seconds"] = f"{row['gpu_seconds']:.1f}"
+        row["gpu_hours"] = f"{row['gpu_hours']:.3f}"
+        row["wall_seconds"] = f"{row['wall_seconds']:.1f}"
+    window = f"since {when(answer['since'])}" if answer["since"] is not None else "all time"
+    whose = "everyone" if answer["everyone"] else "your runs only"
+    click.echo(f"usage by {by}, {window} until {when(answer['until'])} ({whose})")
+    table(
+        rows,
+        [
+            ("key", by.upper()),
+            ("runs", "RUNS"),
+            ("ongoing", "ONGOING"),
+            ("gpu_seconds", "GPU-SECONDS"),
+            ("gpu_hours", "GPU-HOURS"),
+            ("wall_seconds", "WALL-SECONDS"),
+        ],
+    )
+
+
+@click.group()
+def policy() -> None:
+    """Try a changed estate before it goes live."""
+
+
+@policy.command("simulate")
+@click.option(
+    "--estate",
+    "estate_path",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="The changed estate file.",
+)
+@click.option(
+    "--trace",
+    "trace_path",
+    type=click.Path(dir_okay=False),
+    help="Replay this recorded JSON trace here instead of the server's current queue.",
+)
+@click.option(
+    "--save-trace",
+    "save_path",
+    type=click.Path(dir_okay=False, writable=True),
+    help="Also write the server's queue, active tasks and pool states here, for --trace.",
+)
+@json_option
+def policy_simulate(
+    estate_path: str, trace_path: str | None, save_path: str | None, as_json: bool
+) -> None:
+    """Say what would start where, and who would wait, if NEW.yaml were the estate now."""
+    from broker.estate import parse_estate
+    from broker.simulate import parse_trace, simulate
+
+    text = _read_text(estate_path, "estate file")
+    new = parse_estate(text, estate_path)  # file:line errors before anything else happens
+    if trace_path is not None:
+        if save_path is not None:
+            raise click.UsageError("--save-trace records a server's queue; drop it with --trace")
+        trace = parse_trace(_read_text(trace_path, "trace"), trace_path)
+        answer = simulate(new, trace.queued, trace.active, trace.pools, trace.usage, trace.now)
+        result = answer.to_dict()
+    else:
+        body = {"estate": text, "source": estate_path, "include_trace": save_path is not None}
+        result = Client().post("/policy/simulate", body)
+        if save_path is not None:
+            Path(save_path).write_text(json.dumps(result.pop("trace"), indent=2) + "\n")
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+        return
+    _show_simulation(result, estate_path, trace_path)
+    if save_path is not None:
+        click.echo(f"trace written to {save_path} (replay it with --trace {save_path})")
+
+
+def _read_text(path: str, what: str) -> str:
+    try:
+        return Path(path).read_text()
+    except OSError as exc:
+        raise KliqueError(f"{path}: cannot read the {what}: {exc.strerror}") from exc
+
+
+def _show_simulation(result: dict[str, Any], estate_path: str, trace_path: str | None) -> None:
+    source = f"the trace {trace_path}" if trace_path else "the server's current queue"
+    click.echo(
+        f"one placement cycle under {estate_path}, over {source} "
+        f"({result['queued']} queued, {result['active']} active):"
+    )
+    for task in result["tasks"]:
+        who = f"{task['owner']}, {task['team'] or '(no team)'}, {task['resource']}"
+        click.echo(f"  task {task['id']} ({who}): {task['sentence']}")
+        for pool, why in task["pools"].items():
+            click.echo(f"      {pool}: {why}")
+    for key, words in (
+        ("preempted", "would be preempted to hand a reservation back"),
+        ("withdrawn", "would be withdrawn from its pool's queue (spill-over)"),
+    ):
+        for task_id in result[key]:
+            click.echo(f"  active task {task_id} {words}")
+    if result["assumed_pools"]:
+        click.echo(
+            "  no recorded state for pools "
+            + ", ".join(result["assumed_pools"])
+            + ": taken as reachable, with nothing free beyond what Klique counts itself"
+        )
+    click.echo("by team:")
+    rows = [
+        {
+            **team,
+            "pools": ", ".join(f"{p}: {n}" for p, n in team["pools"].items()) or "-",
+            "reasons": ", ".join(f"{r}: {n}" for r, n in team["reasons"].items()) or "-",
+        }
+        for team in result["teams"]
+    ]
+    table(
+        rows,
+        [
+            ("team", "TEAM"),
+            ("tasks", "TASKS"),
+            ("start", "START"),
+            ("wait", "WAIT"),
+            ("pools", "WHERE"),
+            ("reasons", "WHY WAITING"),
+        ],
+    )
