@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import os
 import pwd
 import re
 import shlex
 import signal
 import socket
+import tarfile
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -31,6 +34,15 @@ _WRITE = (
     'cat >"$tmp"; chmod "$2" "$tmp"; mv -f "$tmp" "$1"; trap - EXIT'
 )
 _READ = 'test -e "$1" || exit 3; exec tail -c +"$2" -- "$1"'
+# Several files at once: a tar stream on stdin, modes kept (-p), mtimes now (-m); then the
+# command that follows, if any, in the same process.
+_UNPACK_FAILED = 125
+_UNPACK_WORDS = "klique: the files above could not be written"
+_UNPACK = (
+    f'mkdir -p -- "$1" && tar -x -m -p -f - -C "$1" || '
+    f'{{ echo "{_UNPACK_WORDS}" >&2; exit {_UNPACK_FAILED}; }}; shift; [ "$#" -eq 0 ] || exec "$@"'
+)
+_FILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 _MISSING = 3
 _Env = Mapping[str, str] | None
 
@@ -112,6 +124,16 @@ def _with_env(argv: Sequence[str], env: _Env) -> list[str]:
     return ["env", "--", *(f"{k}={v}" for k, v in (env or {}).items()), *argv]
 
 
+def _tar(files: Mapping[str, tuple[bytes, int]]) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.USTAR_FORMAT) as archive:
+        for name, (data, mode) in files.items():
+            info = tarfile.TarInfo(name)
+            info.size, info.mode, info.mtime = len(data), mode, int(time.time())
+            archive.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
 def _absolute(path: str) -> str:
     if not path.startswith("/"):
         raise TransportError(f"path {path!r} must be absolute")
@@ -144,6 +166,36 @@ class Transport(ABC):
             raise CommandFailed(
                 f"could not write {path} as {account} on {self.host}: {done.stderr.strip()}"
             )
+
+    async def write_files(
+        self,
+        folder: str,
+        files: Mapping[str, tuple[bytes, int]],
+        *,
+        account: str,
+        then: Sequence[str] = (),
+        timeout: float = 60.0,
+    ) -> Completed:
+        """Make `folder`, write `files` (name -> (data, mode)) into it, then run `then` if given,
+        all as account in one command: one process (or SSH session) instead of one per step.
+
+        Returns how `then` ended; raises CommandFailed when the files could not be written.
+        """
+        bad = [name for name in files if not _FILE_NAME.fullmatch(name)]
+        if bad:
+            raise TransportError(f"file names {bad!r} must be plain names inside {folder}")
+        argv = ["sh", "-c", _UNPACK, "sh", _absolute(folder), *then]
+        done = await self.run(argv, account=account, stdin=_tar(files), timeout=timeout)
+        unpacked = not (
+            done.returncode == _UNPACK_FAILED and done.stderr.rstrip().endswith(_UNPACK_WORDS)
+        )
+        if not unpacked or (done.returncode and not then):
+            words = done.stderr.strip().removesuffix(_UNPACK_WORDS).strip()
+            raise CommandFailed(
+                f"could not write {', '.join(files)} into {folder} as {account} on {self.host}: "
+                f"{words or f'exit {done.returncode}'}"
+            )
+        return done
 
     async def make_dir(self, path: str, *, account: str) -> None:
         done = await self.run(["mkdir", "-p", "--", _absolute(path)], account=account)

@@ -46,6 +46,7 @@ class NativeStatus:
     state: str
     reason: str = ""
     exit_code: int | None = None
+    script: str = ""  # the submitted script's path, where the status command shows it
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,9 @@ class BatchDriver(PoolDriver):
     REASONS: ClassVar[Mapping[str, str]] = {}
     PREEMPTED: ClassVar[frozenset[str]] = frozenset()  # native states that mean preempted
     UNREACHABLE: ClassVar[re.Pattern[str] | None] = None  # submit errors: controller is down
+    # Native end states that only say the job script ended by itself (any exit, a signal):
+    # without the runner's exit file they tell nothing of how the task ended.
+    SELF_ENDED: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, pool: Pool, context: Context, transport: Transport | None = None) -> None:
         super().__init__(pool, context)
@@ -76,6 +80,9 @@ class BatchDriver(PoolDriver):
         self._missing_since: dict[int, float] = {}
         self._capacity = Capacity()
         self._capacity_error = ""
+        self._submit_backoff = 0.0  # how long submissions wait after the controller was down
+        self._submit_paused_until = 0.0
+        self._submit_error = ""
         self.status_calls = 0
         self._uv_staged = False
 
@@ -211,30 +218,36 @@ class BatchDriver(PoolDriver):
         job_dir = self.job_dir(task)
         script = self.render(task, job_dir)
         files = {
-            "task.json": _json_bytes(self.task_document(task)),
-            "klique-runner.pyz": self.context.runner.read_bytes(),
-            "job.sh": script.encode(),
+            "task.json": (_json_bytes(self.task_document(task)), 0o644),
+            "klique-runner.pyz": (self.context.runner.read_bytes(), 0o644),
+            "job.sh": (script.encode(), 0o755),
         }
-        await self.transport.make_dir(job_dir, account=account)
-        for name, data in files.items():
-            await self.transport.write_file(
-                f"{job_dir}/{name}",
-                data,
+        try:  # the job directory is written and submitted in one command: one spawn, or session
+            done = await self.transport.write_files(
+                job_dir,
+                files,
                 account=account,
-                mode=0o755 if name == "job.sh" else 0o644,
-            )
-        try:
-            done = await self.transport.run(
-                self.submit_argv(f"{job_dir}/job.sh"), account=account, timeout=60
+                then=self.submit_argv(f"{job_dir}/job.sh"),
+                timeout=60,
             )
         except TransportError as exc:
             raise SubmitUnknown(f"the submit command's outcome is unknown: {exc}") from exc
         words = (done.stderr or done.stdout).strip() or f"exit {done.returncode}"
         if done.returncode != 0 and self.UNREACHABLE and self.UNREACHABLE.search(words):
+            self._pause_submissions(words)
             raise TransportError(words)  # nothing was queued: the task waits for the pool
+        self._submit_backoff = 0.0
         if done.returncode != 0:
             raise SubmitError(words)
         return Submission(native_id=self.parse_submit(done.stdout), job_dir=job_dir)
+
+    def _pause_submissions(self, words: str) -> None:
+        """The controller could not be reached: the pool shows unreachable and takes no
+        submission for a while (doubling, up to the status backoff), or until a poll answers."""
+        longest = self.interval_s * _MAX_BACKOFF
+        self._submit_backoff = min(max(self._submit_backoff * 2, self.interval_s), longest)
+        self._submit_paused_until = time.monotonic() + self._submit_backoff
+        self._submit_error = f"submission failed: {words}"
 
     async def write_marker(self, task: Task, name: str) -> None:
         await self.transport.write_file(f"{task.job_dir}/{name}", b"", account=self.account(task))
@@ -252,13 +265,16 @@ class BatchDriver(PoolDriver):
 
     async def capacity(self, active: Sequence[Task]) -> PoolState:
         waiting = sum(1 for t in active if t.state is not TaskState.RUNNING)
+        error = self._capacity_error
+        if not error and time.monotonic() < self._submit_paused_until:
+            error = self._submit_error
         return PoolState(
             self.pool.name,
             free_gpus=self._capacity.free_gpus,
             free_cpus=self._capacity.free_cpus,
             queued=waiting,
-            reachable=not self._capacity_error,
-            reason=self._capacity_error,
+            reachable=not error,
+            reason=error,
         )
 
     async def poll(self, tasks: Sequence[Task]) -> dict[int, Observation]:
@@ -277,6 +293,7 @@ class BatchDriver(PoolDriver):
             raise
         self._backoff = 1
         self._capacity_error = ""
+        self._submit_paused_until = 0.0  # the controller answers again
         self._schedule_next(now)
         self._last = {s.native_id: s for s in listing}
         return await self._observe(tasks)
@@ -306,6 +323,8 @@ class BatchDriver(PoolDriver):
         done = await self.transport.run(argv, account=self.query_account(), timeout=30)
         if done.returncode == 0:
             self._capacity = self.parse_capacity(done.stdout)
+        elif self.UNREACHABLE and self.UNREACHABLE.search(done.stderr):
+            raise TransportError(done.stderr.strip())  # the controller is down: so is the pool
 
     async def _observe(self, tasks: Sequence[Task]) -> dict[int, Observation]:
         self._note_strangers(tasks)
@@ -319,7 +338,6 @@ class BatchDriver(PoolDriver):
             if status is None:
                 gone.append(task)
                 continue
-            self._missing_since.pop(task.id, None)
             seen = await self._from_status(task, status)
             if seen is not None and seen.state != task.state:
                 news[task.id] = seen
@@ -331,7 +349,10 @@ class BatchDriver(PoolDriver):
         """A task whose submission's outcome is unknown: its tag in the queue, or its files."""
         job_dir = self.job_dir(task)
         for status in self._last.values():
-            if status.name == task.tag and self.STATES.get(status.state) is not TaskState.CANCELLED:
+            # The tag alone may be another installation's, or an earlier attempt's: where the
+            # scheduler shows the script, it must be this attempt's.
+            ours = status.name == task.tag and status.script in ("", f"{job_dir}/job.sh")
+            if ours and self.STATES.get(status.state) is not TaskState.CANCELLED:
                 return Observation(TaskState.SUBMITTED, native_id=status.native_id, job_dir=job_dir)
         if await self._exit_file(replace(task, job_dir=job_dir)) is not None:
             return Observation(TaskState.SUBMITTED, native_id="", job_dir=job_dir)
@@ -368,15 +389,26 @@ class BatchDriver(PoolDriver):
             )
             return None
         if not state.final:
+            self._missing_since.pop(task.id, None)
             return Observation(state, self._reason(status))
         exit_doc = await self._exit_file(task)
         return self._final(task, status, exit_doc)
 
     def _final(
         self, task: Task, status: NativeStatus, exit_doc: Mapping[str, Any] | None
-    ) -> Observation:
-        """The exit file decides, unless the scheduler ended the job (walltime, cancel, node)."""
+    ) -> Observation | None:
+        """The exit file decides, unless the scheduler ended the job (walltime, cancel, node).
+        A job that ended by itself with no exit file is LOST once the grace period is over
+        (None until then: the file may still appear)."""
         state = self.STATES[status.state]
+        if exit_doc is None and status.state in self.SELF_ENDED:
+            exit_code = "" if status.exit_code is None else f", exit code {status.exit_code}"
+            return self._lost_after_grace(
+                task,
+                f"job {status.native_id} ended ({self.kind} {status.state}{exit_code}) but the "
+                "runner wrote no exit file",
+            )
+        self._missing_since.pop(task.id, None)
         if exit_doc is not None and exit_doc.get("outcome") in RUNNER_OUTCOMES:
             return observation_from_exit(exit_doc)
         code = exit_doc.get("exit_code") if exit_doc else status.exit_code
@@ -387,6 +419,17 @@ class BatchDriver(PoolDriver):
             exit_doc and exit_doc.get("outcome") == "preempted"
         )
         return Observation(state, reason, code, preempted=preempted)
+
+    def _lost_after_grace(self, task: Task, what: str) -> Observation | None:
+        now = time.monotonic()
+        if now - self._missing_since.setdefault(task.id, now) < self.lost_after_s:
+            return None
+        self._missing_since.pop(task.id, None)
+        return Observation(
+            TaskState.LOST,
+            f"{what} within {self.lost_after_s:g} s: the runner was killed hard, or its node "
+            f"failed; see the job's output in {task.job_dir}",
+        )
 
     def _reason(self, status: NativeStatus) -> str:
         base = self.REASONS.get(status.state, "")
@@ -424,8 +467,9 @@ class BatchDriver(PoolDriver):
             status = history.get(task.native_id or "")
             state = self.STATES.get(status.state) if status else None
             if status is not None and state is not None and state.final:
-                self._missing_since.pop(task.id, None)
-                news[task.id] = self._final(task, status, None)
+                seen = self._final(task, status, None)
+                if seen is not None:
+                    news[task.id] = seen
                 continue
             since = self._missing_since.setdefault(task.id, now)
             if now - since >= self.lost_after_s:

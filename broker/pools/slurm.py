@@ -51,7 +51,7 @@ SLURM_REASONS: dict[str, str] = {
 }
 
 _SEP = "|"
-_SQUEUE_FORMAT = _SEP.join(["%i", "%j", "%T", "%r"])  # job id, name, long state, reason
+_SQUEUE_FORMAT = _SEP.join(["%i", "%j", "%T", "%r", "%o"])  # id, name, state, reason, script
 _SACCT_FORMAT = "JobID,JobName,State,ExitCode"
 
 
@@ -60,6 +60,7 @@ class SlurmDriver(BatchDriver):
     STATES = SLURM_STATES
     REASONS = SLURM_REASONS
     PREEMPTED = frozenset({"PREEMPTED"})
+    SELF_ENDED = frozenset({"COMPLETED", "FAILED"})  # the batch script's own exit or signal
     # sbatch's words when slurmctld cannot be reached (src/common/slurm_protocol_api.c).
     UNREACHABLE = re.compile(
         r"Unable to contact slurm controller|Socket timed out|"
@@ -148,14 +149,16 @@ class SlurmDriver(BatchDriver):
 
 
 def parse_squeue(stdout: str) -> list[NativeStatus]:
-    """`squeue --format=%i|%j|%T|%r` lines; job names are Klique's tags, so never contain '|'."""
+    """`squeue --format=%i|%j|%T|%r|%o` lines (the script last, as a path may hold '|'; older
+    captures end at %r); job names are Klique's tags, so never contain '|'."""
     found = []
     for line in stdout.splitlines():
-        parts = line.strip().split(_SEP)
-        if len(parts) != 4:
+        parts = line.strip().split(_SEP, 4)
+        if len(parts) < 4:
             continue
-        job_id, name, state, reason = parts
-        found.append(NativeStatus(job_id, name, state, reason))
+        job_id, name, state, reason = parts[:4]
+        script = parts[4] if len(parts) == 5 else ""
+        found.append(NativeStatus(job_id, name, state, reason, script=script))
     return found
 
 

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from broker.domain import Estate, Task, TaskState
+from broker.domain import Estate, Task, TaskState, can_transition
 from broker.errors import KliqueError, SubmitUnknown, TransportError
 from broker.faults import crash_point
 from broker.pools.base import Observation, PoolDriver
@@ -112,8 +112,11 @@ class Scheduler:
             self._requeue(task, f"{seen.reason}; requeued", skip=False)
         else:
             extra = {"exit_code": seen.exit_code} if seen.exit_code is not None else {}
+            # The listing may be older than a runner's own report (pending after running):
+            # only a move the state machine allows from where the task is now is made.
+            moves = [s for s in ACTIVE if can_transition(s, seen.state)]
             self.store.change_state(
-                task.id, seen.state, seen.reason or None, only_from=ACTIVE, **extra
+                task.id, seen.state, seen.reason or None, only_from=moves, **extra
             )
 
     def _adopt(self, task: Task, seen: Observation) -> None:
