@@ -1,0 +1,89 @@
+"""The chaos scenarios of tests/chaos on the real Slurm cluster (scripts/services-up): one line
+per scenario, then, last, one JSON object with the totals:
+{"faults": ..., "tasks": ..., "duplicates": 0, "lost": 0, "wrong_final": 0}.
+Exits non-zero when a scenario found a problem (a duplicate, a lost task, a wrong final state,
+or a check of its own) or could not run.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "chaos"), str(ROOT)]
+
+from chaos_scenarios import (  # noqa: E402
+    Outcome,
+    controller_outage,
+    crash_and_restart,
+    foreign_tag,
+    fresh_postgres_schema,
+    hard_kills,
+    short_min_job_age,
+    ssh_drops,
+    store_crash,
+)
+
+TOTALS = ("faults", "tasks", "duplicates", "lost", "wrong_final")
+
+
+def _postgres(workdir: Path) -> Outcome:
+    done = subprocess.run(
+        [str(ROOT / "scripts" / "pg-up")], capture_output=True, text=True, check=True
+    )
+    url, drop = fresh_postgres_schema(done.stdout.strip().splitlines()[-1])
+    try:
+        return store_crash(url, "postgresql")
+    finally:
+        drop()
+
+
+SCENARIOS: list[tuple[str, Callable[[Path], Outcome]]] = [
+    ("crash-restart", crash_and_restart),
+    ("foreign-tag", foreign_tag),
+    ("controller-outage", controller_outage),
+    ("ssh-drops", ssh_drops),
+    ("hard-kill", hard_kills),
+    ("min-job-age-2", short_min_job_age),
+    ("store-crash-sqlite", lambda w: store_crash(f"sqlite:///{w / 'klique.db'}", "sqlite")),
+    ("store-crash-postgresql", _postgres),
+]
+
+
+def main() -> int:
+    subprocess.run([str(ROOT / "scripts" / "services-up")], check=True, capture_output=True)
+    totals = dict.fromkeys(TOTALS, 0)
+    unclean = 0
+    started = time.monotonic()
+    scratch = Path(tempfile.mkdtemp(prefix="klique-chaos-"))
+    for name, scenario in SCENARIOS:
+        workdir = scratch / name
+        workdir.mkdir()
+        try:
+            outcome = scenario(workdir)
+        except Exception as exc:  # a scenario that could not run is reported, not hidden
+            unclean += 1
+            print(f"{name}: could not run: {exc}", flush=True)
+            continue
+        unclean += not outcome.clean
+        print(outcome.line(), flush=True)
+        for key in TOTALS:
+            totals[key] += getattr(outcome, key)
+    if unclean:
+        print(f"servers' logs and stores kept in {scratch}", flush=True)
+    else:
+        shutil.rmtree(scratch)
+    print(f"all scenarios: {time.monotonic() - started:.0f} s", flush=True)
+    print(json.dumps(totals), flush=True)
+    return 1 if unclean else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
