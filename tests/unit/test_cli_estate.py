@@ -10,7 +10,10 @@ from click.testing import CliRunner
 from broker.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
-BAD = "resources:\n  cpu:\n    profile: {pools: [local], cpus: many}\npools:\n  local: {kind: host}\n"
+BAD = (
+    "resources:\n  cpu:\n    profile: {pools: [local], cpus: many}\n"
+    "pools:\n  local: {kind: host}\n"
+)
 
 
 def test_check_accepts_the_example():
