@@ -125,13 +125,17 @@ class Scheduler:
             self._requeue(task, seen.reason, skip=False, only_from=[TaskState.PLACED])
             return
         log.info("task %s: found its job %s in pool %s", task.id, seen.native_id, task.pool)
-        self.store.change_state(
+        self._submitted(task, seen.native_id, seen.job_dir)
+
+    def _submitted(self, task: Task, native_id: str | None, job_dir: str | None) -> Task | None:
+        """The pool accepted the task; None when it was cancelled meanwhile."""
+        return self.store.change_state(
             task.id,
             TaskState.SUBMITTED,
             "",
             only_from=[TaskState.PLACED],
-            native_id=seen.native_id,
-            job_dir=seen.job_dir,
+            native_id=native_id,
+            job_dir=job_dir,
         )
 
     def _requeues(self, task: Task, seen: Observation) -> bool:
@@ -261,15 +265,9 @@ class Scheduler:
             )
             return
         crash_point("after_submit")
-        moved = self.store.change_state(
-            task.id,
-            TaskState.SUBMITTED,
-            "",
-            only_from=[TaskState.PLACED],
-            native_id=done.native_id,
-            job_dir=done.job_dir,
-        )
-        if moved is None:  # cancelled while the pool was accepting it
+        if (
+            self._submitted(task, done.native_id, done.job_dir) is None
+        ):  # cancelled while the pool was accepting it
             await driver.cancel(
                 self.store.update(task.id, native_id=done.native_id, job_dir=done.job_dir)
             )
