@@ -111,7 +111,7 @@ def build(
     os.rename(tmp, path)
     console.say(f"built environment {key[:12]} in {info['seconds']:.1f} s")
     if uv and spec.compile != "build":
-        installer.compile_in_background(path)
+        installer.compile_in_background(path, path + ".lock")
     return info
 
 

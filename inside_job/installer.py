@@ -7,6 +7,7 @@ import shutil
 import subprocess
 
 from inside_job.errors import SetupFailed
+from inside_job.locks import FileLock
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -61,21 +62,29 @@ def with_pip(python: str, dest: str, final: str, source: Source, cache: str) -> 
     retarget_scripts(os.path.join(dest, "bin"), dest, final)
 
 
-def compile_in_background(env_dir: str) -> None:
+def compile_in_background(env_dir: str, use_lock: str) -> None:
     """Byte-compile a ready environment at low priority while the first task runs.
 
-    Bytecode files are written atomically, so tasks that import meanwhile are safe.
+    Bytecode files are written atomically, so tasks that import meanwhile are safe. The
+    compiler inherits a shared hold on the environment's use lock, so eviction never removes
+    the folder under it (it would recreate the __pycache__ folders it writes to).
     """
     python = os.path.join(env_dir, "bin", "python")
     argv = [python, "-m", "compileall", "-q", "-j", "0", os.path.join(env_dir, "lib")]
     nice = shutil.which("nice")
-    subprocess.Popen(
-        [nice, "-n", "10", *argv] if nice else argv,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
+    hold = FileLock(use_lock)
+    try:
+        hold.shared()
+        subprocess.Popen(
+            [nice, "-n", "10", *argv] if nice else argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+            pass_fds=(hold.fd,),
+        )
+    finally:
+        hold.close()  # the child's copy of the descriptor keeps the hold until it exits
 
 
 def retarget_scripts(bin_dir: str, old: str, new: str) -> None:

@@ -89,7 +89,7 @@ def test_usage_sums_the_ledger_by_team_user_and_project(gpu_server: Server) -> N
         assert row["gpu_seconds"] == pytest.approx(held[owner], abs=1e-3)  # 1 GPU each
         assert row["wall_seconds"] == pytest.approx(held[owner], abs=1e-3)
         assert row["gpu_hours"] == pytest.approx(row["gpu_seconds"] / 3600)
-        assert row["gpu_seconds"] > 0.25
+        assert row["gpu_seconds"] > 0  # the profile holds a GPU, so time held counts
     assert set(by_key(usage(gpu_server, "--by", "user"))) == {"alice", "bob"}
     assert set(by_key(usage(gpu_server, "--by", "project"))) == {"detector", "parser"}
 
