@@ -60,6 +60,24 @@ def klique_server(estate_text: str | None = None) -> Iterator[tuple[httpx.Client
             server.wait(30)
 
 
+def slurm_estate(job_root: Path, account: str, **pool_settings: object) -> str:
+    """One compute resource on the `debug` partition of the cluster of scripts/slurm-up,
+    submitted as `account` for the admin user; `pool_settings` are added to the pool."""
+    extra = "".join(f"    {key}: {value}\n" for key, value in pool_settings.items())
+    return f"""
+resources:
+  cpu:
+    profile: {{cpus: 1, memory: 100M, walltime: 10m, pools: [slurm]}}
+pools:
+  slurm:
+    kind: slurm
+    partition: debug
+    job_root: {job_root}
+    python: /usr/bin/python3
+{extra}    user_map: {{admin: {account}}}
+"""
+
+
 def median(values: list[float]) -> float:
     return round(statistics.median(values), 4)
 

@@ -13,7 +13,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from _common import klique_server, last_line, median
+from _common import klique_server, last_line, median, slurm_estate
 
 RUNS = 20
 ACCOUNT = "alice"
@@ -22,19 +22,7 @@ TIMEOUT_S = 120
 
 
 def estate(job_root: Path) -> str:
-    return f"""
-resources:
-  cpu:
-    profile: {{cpus: 1, memory: 100M, walltime: 10m, pools: [slurm]}}
-pools:
-  slurm:
-    kind: slurm
-    partition: debug
-    job_root: {job_root}
-    python: /usr/bin/python3
-    poll_interval: 2s
-    user_map: {{admin: {ACCOUNT}}}
-"""
+    return slurm_estate(job_root, ACCOUNT, poll_interval="2s")
 
 
 def bare_sbatch(job_root: Path, i: int) -> float:

@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
-from _common import klique_server, last_line
+from _common import klique_server, last_line, slurm_estate
 
 TASKS = int(sys.argv[1]) if len(sys.argv) > 1 else 500
 ACCOUNT = "alice"
@@ -28,22 +28,14 @@ NOT_YET = "created,queued,placed"
 
 
 def estate(job_root: Path) -> str:
-    return f"""
-resources:
-  cpu:
-    profile: {{cpus: 1, memory: 100M, walltime: 10m, pools: [slurm]}}
-pools:
-  slurm:
-    kind: slurm
-    partition: debug
-    job_root: {job_root}
-    python: /usr/bin/python3
-    poll_interval: 60s
-    max_queued: {TASKS * 2}
-    submit_concurrency: {SUBMIT_CONCURRENCY}
-    extra_directives: ["--hold"]
-    user_map: {{admin: {ACCOUNT}}}
-"""
+    return slurm_estate(
+        job_root,
+        ACCOUNT,
+        poll_interval="60s",
+        max_queued=TASKS * 2,
+        submit_concurrency=SUBMIT_CONCURRENCY,
+        extra_directives='["--hold"]',
+    )
 
 
 def active(job_ids: list[str]) -> set[str]:

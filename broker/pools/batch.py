@@ -85,6 +85,7 @@ class BatchDriver(PoolDriver):
         self._submit_error = ""
         self.status_calls = 0
         self._uv_staged = False
+        self._runner: bytes | None = None
 
     # Hooks a scheduler module supplies.
 
@@ -212,6 +213,12 @@ class BatchDriver(PoolDriver):
             await self.transport.write_file(staged, data, account=account, mode=0o755)
         self._uv_staged = True
 
+    def _runner_bytes(self) -> bytes:
+        """The runner zipapp, read once: the server builds it once at start."""
+        if self._runner is None:
+            self._runner = self.context.runner.read_bytes()
+        return self._runner
+
     async def submit(self, task: Task) -> Submission:
         account = self.account(task)
         await self._stage_uv(account)
@@ -219,7 +226,7 @@ class BatchDriver(PoolDriver):
         script = self.render(task, job_dir)
         files = {
             "task.json": (_json_bytes(self.task_document(task)), 0o644),
-            "klique-runner.pyz": (self.context.runner.read_bytes(), 0o644),
+            "klique-runner.pyz": (self._runner_bytes(), 0o644),
             "job.sh": (script.encode(), 0o755),
         }
         try:  # the job directory is written and submitted in one command: one spawn, or session

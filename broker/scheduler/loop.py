@@ -189,7 +189,7 @@ class Scheduler:
                 ],
                 active=[_active(t, now) for t in holding],
                 pools=self.pool_states,
-                usage=self._usage(now),
+                usage=self._usage(now) if queued else {},  # fair share orders only the queue
                 now=now,
                 settings=SchedulerSettings(
                     min_run_s=self.estate.min_run_s,
