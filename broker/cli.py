@@ -172,11 +172,16 @@ TASK_COLUMNS = [
 @main.command("ls")
 @click.option("--state", help="Only tasks in these states (comma-separated).")
 @click.option("--all", "all_users", is_flag=True, help="Everyone's tasks (admin).")
-@click.option("--limit", default=50, show_default=True)
+@click.option("--limit", default=50, show_default=True, help="At most this many (up to 1000).")
+@click.option("--before", type=int, help="Only tasks older than this id (the next page).")
 @json_option
-def list_tasks(state: str | None, all_users: bool, limit: int, as_json: bool) -> None:
-    """List your tasks, newest first."""
-    rows = Client().get("/tasks", state=state, all_users=all_users or None, limit=limit)
+def list_tasks(
+    state: str | None, all_users: bool, limit: int, before: int | None, as_json: bool
+) -> None:
+    """List your tasks, newest first, a page at a time."""
+    rows = Client().get(
+        "/tasks", state=state, all_users=all_users or None, limit=limit, before=before
+    )
     listing(rows, as_json, TASK_COLUMNS)
 
 
@@ -205,6 +210,12 @@ def show(task_id: int, as_json: bool) -> None:
     ):
         click.echo(f"{key + ':':11} {cell(task[key])}")
     click.echo(f"{'command:':11} {' '.join(task['command'])}")
+    if task.get("claim") and task["state"] not in FINAL:
+        claim = task["claim"]
+        click.echo(
+            f"{'claim:':11} its runner reports {claim['outcome']} (exit code "
+            f"{claim['exit_code']}); final once the pool sees the job end"
+        )
     if task.get("code"):
         code = task["code"]
         click.echo(

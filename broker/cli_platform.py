@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -13,6 +15,7 @@ import click
 from broker import config
 from broker.cli_output import json_option, table, when
 from broker.client import Client
+from broker.domain import Estate
 from broker.errors import KliqueError
 
 
@@ -23,15 +26,55 @@ def estate() -> None:
 
 @estate.command("check")
 @click.argument("path", type=click.Path(dir_okay=False))
-def estate_check(path: str) -> None:
-    """Validate an estate file; every problem names the file, the line, the field and the fix."""
+@click.option(
+    "--file-only",
+    is_flag=True,
+    help="Check the file alone, not the pools from this host (job roots, accounts, Python).",
+)
+def estate_check(path: str, file_only: bool) -> None:
+    """Validate an estate file; every problem names the file, the line, the field and the fix.
+    Then check each pool from this host as the server would at start."""
     from broker.estate import load_estate
 
     loaded = load_estate(path)
+    problems = [] if file_only else asyncio.run(_pool_problems(loaded))
+    for problem in problems:
+        click.echo(f"{path}: {problem}", err=True)
+    if problems:
+        sys.exit(2)
     click.echo(
         f"{path}: ok ({len(loaded.resources)} compute resources, {len(loaded.pools)} pools, "
         f"{len(loaded.policies)} policies, {len(loaded.teams)} teams)"
     )
+
+
+async def _pool_problems(estate: Estate) -> list[str]:
+    """The pools' own start-up checks, run from here: job roots, interpreters, accounts."""
+    from broker.pools.base import Context
+    from broker.server import make_driver
+
+    if os.geteuid() != 0:
+        click.echo(
+            "note: the pools' checks (job roots, accounts, interpreters) act as the mapped "
+            "accounts and need root; run `klique estate check` as root (or the server's account) "
+            "on the login node to include them"
+        )
+        return []
+    context = Context(estate, config.home(), Path("klique-runner.pyz"), None)
+    problems: list[str] = []
+    for name, pool in estate.pools.items():
+        if not pool.kind.queueing and not (pool.user_map.accounts or pool.user_map.default):
+            continue  # a single-user pool: which account it serves is the server's own
+        driver = make_driver(pool.kind)(pool, context)
+        try:
+            found = await asyncio.wait_for(driver.check(), 30)
+        except (KliqueError, TimeoutError) as exc:
+            click.echo(f"note: pool {name} could not be checked from here: {exc}")
+            found = []
+        finally:
+            await driver.close()
+        problems += [f"pools.{name}: {problem}" for problem in found]
+    return problems
 
 
 @click.group()

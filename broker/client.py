@@ -33,15 +33,15 @@ def saved_token(api: str) -> str | None:
 
 
 def save_token(api: str, token: str) -> Path:
+    """Keep the token for `api` in a file that is private from its first byte."""
     path = credentials_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     try:
         tokens = json.loads(path.read_text())
     except (OSError, ValueError):
         tokens = {}
     tokens[api] = token
-    path.write_text(json.dumps(tokens, indent=2))
-    path.chmod(0o600)
+    config.write_private(path, json.dumps(tokens, indent=2))
     return path
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pwd
 import signal
 import subprocess
 import sys
@@ -15,6 +16,7 @@ import click
 from broker import config
 from broker.client import ApiError, Client, save_token
 from broker.errors import KliqueError
+from broker.estate import builtin_estate_text
 
 DEMO_TASK = """
 import time
@@ -40,9 +42,36 @@ def _up(client: Client) -> bool:
     return True
 
 
+DEMO_ACCOUNT = "klique-demo"
+DEMO_JOB_ROOT = Path("/var/tmp/klique-demo-jobs")
+
+
+def _demo_estate(home: Path) -> Path:
+    """As root, the demo's tasks run as an ordinary account made for it: Klique never runs a
+    task as root, and a host pool without a user map runs only the server account's tasks."""
+    try:
+        pwd.getpwnam(DEMO_ACCOUNT)
+    except KeyError:
+        click.echo(f"the server runs as root: making the account {DEMO_ACCOUNT} to run the tasks")
+        subprocess.run(
+            ["useradd", "--system", "--create-home", "--shell", "/usr/sbin/nologin", DEMO_ACCOUNT],
+            check=True,
+        )
+    if not DEMO_JOB_ROOT.is_dir():
+        DEMO_JOB_ROOT.mkdir()
+        DEMO_JOB_ROOT.chmod(0o1777)  # shared by the accounts, each folder its own (sticky)
+    estate = home / "demo-estate.yaml"
+    lines = f"    job_root: {DEMO_JOB_ROOT}\n    user_map: {{admin: {DEMO_ACCOUNT}}}\n"
+    estate.write_text(
+        f"# The demo's estate (the server runs as root): tasks run as {DEMO_ACCOUNT}, never root."
+        + builtin_estate_text(pool_lines=lines)
+    )
+    return estate
+
+
 def _start_server(client: Client, deadline_s: float = 60.0) -> None:
     home = config.home()
-    home.mkdir(parents=True, exist_ok=True)
+    home.mkdir(mode=0o700, parents=True, exist_ok=True)
     log = home / "server.log"
     click.echo(f"starting a Klique server in the background (log: {log})")
     where = urlsplit(client.api)
@@ -56,6 +85,8 @@ def _start_server(client: Client, deadline_s: float = 60.0) -> None:
         "--port",
         str(where.port or config.DEFAULT_PORT),
     ]
+    if os.geteuid() == 0:
+        argv += ["--estate", str(_demo_estate(home))]
     with log.open("ab") as out:
         process = subprocess.Popen(
             argv,
@@ -102,7 +133,7 @@ def run() -> None:
     task = client.post(
         "/tasks",
         {
-            "command": [sys.executable, "-c", DEMO_TASK],
+            "command": ["python3", "-c", DEMO_TASK],
             "name": "demo: sum of squares",
             "project": "demo",
         },

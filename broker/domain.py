@@ -174,6 +174,14 @@ class Team:
 
 
 @dataclass(frozen=True)
+class Limits:
+    """What one API request may carry; the estate's `limits:` section raises them."""
+
+    max_request_bytes: int = 32 * 1024 * 1024
+    max_diff_bytes: int = 16 * 1024 * 1024
+
+
+@dataclass(frozen=True)
 class Estate:
     """Everything the platform team declares: the validated content of the estate file."""
 
@@ -187,6 +195,7 @@ class Estate:
     reclaim_grace_s: float = 120.0  # a reservation's task waits this long before preempting
     max_preemptions_per_cycle: int = 8
     starvation_s: float = 3600.0  # a task waiting longer goes first and pins a host pool
+    limits: Limits = field(default_factory=Limits)
     source: str = "<built-in>"
 
     def team_of(self, user: str) -> str | None:
@@ -249,7 +258,8 @@ class Task:
     preempted: bool = False  # asked to stop to hand capacity back; requeued when it ends
     skip_pools: frozenset[str] = frozenset()
     attempts: int = 0
-    report_token: str = ""
+    diff_bytes: int = 0
+    claim: dict[str, Any] | None = None  # the runner's report of its outcome, not yet confirmed
     created_at: float = 0.0
     queued_at: float | None = None
     submitted_at: float | None = None

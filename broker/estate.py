@@ -10,7 +10,17 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
-from broker.domain import ComputeResource, Estate, Policy, Pool, PoolKind, Profile, Team, UserMap
+from broker.domain import (
+    ComputeResource,
+    Estate,
+    Limits,
+    Policy,
+    Pool,
+    PoolKind,
+    Profile,
+    Team,
+    UserMap,
+)
 from broker.errors import EstateError
 
 _SIZE_UNITS = {"": 1, "k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 * 1024}
@@ -129,8 +139,14 @@ class DefaultsFile(_Strict):
     starvation: Seconds = 3600
 
 
+class LimitsFile(_Strict):
+    max_request: SizeMB = 32  # MiB
+    max_diff: SizeMB = 16  # MiB
+
+
 class EstateFile(_Strict):
     defaults: DefaultsFile = DefaultsFile()
+    limits: LimitsFile = LimitsFile()
     teams: dict[Name, list[str]] = {}
     resources: dict[Name, ResourceFile] = Field(min_length=1)
     pools: dict[Name, PoolFile] = Field(min_length=1)
@@ -248,6 +264,24 @@ def _cross_check(model: EstateFile) -> list[tuple[tuple[str, ...], str]]:
                     "filesystem that the mapped accounts can write; fix: add job_root",
                 )
             )
+        if not pool.kind.queueing and pool.user_map and pool.job_root is None:
+            problems.append(
+                (
+                    ("pools", pool_name),
+                    "a host pool with a user_map needs job_root: a folder outside the server's "
+                    "home that the mapped accounts share, with the sticky bit; fix: add job_root "
+                    "and create it with `install -d -m 1777 PATH`",
+                )
+            )
+        for user, account in pool.user_map.items():
+            if account == "root" or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}", account):
+                problems.append(
+                    (
+                        ("pools", pool_name, "user_map", user),
+                        f"{account!r} is not an ordinary Linux account name (Klique never runs "
+                        "tasks as root); fix: map the user to the account it logs in with",
+                    )
+                )
         if pool.transport.kind == "ssh" and pool.transport.known_hosts is None:
             problems.append(
                 (
@@ -325,6 +359,10 @@ def _build(model: EstateFile, source: str) -> Estate:
         reclaim_grace_s=float(model.defaults.reclaim_grace),
         max_preemptions_per_cycle=model.defaults.max_preemptions_per_cycle,
         starvation_s=float(model.defaults.starvation),
+        limits=Limits(
+            max_request_bytes=model.limits.max_request * 1024 * 1024,
+            max_diff_bytes=model.limits.max_diff * 1024 * 1024,
+        ),
         source=source,
     )
 
@@ -362,11 +400,10 @@ def _build_pool(name: str, p: PoolFile) -> Pool:
     )
 
 
-def builtin_estate(slots: int | None = None) -> Estate:
-    """The embedded default: one host pool on this machine and one CPU compute resource."""
+def builtin_estate_text(slots: int | None = None, pool_lines: str = "") -> str:
+    """The embedded default's YAML; `pool_lines` add settings to its one pool (indented)."""
     slots = slots or max(1, (os.cpu_count() or 1))
-    return parse_estate(
-        f"""
+    return f"""
 resources:
   cpu:
     description: one CPU on this machine
@@ -376,9 +413,12 @@ pools:
     kind: host
     description: this machine
     slots: {slots}
-""",
-        "<built-in>",
-    )
+{pool_lines}"""
+
+
+def builtin_estate(slots: int | None = None) -> Estate:
+    """The embedded default: one host pool on this machine and one CPU compute resource."""
+    return parse_estate(builtin_estate_text(slots), "<built-in>")
 
 
 class _LineMap:

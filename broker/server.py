@@ -6,6 +6,7 @@ import asyncio
 import json
 import logging
 import os
+import pwd
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -14,6 +15,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from broker.api.app import create_app
+from broker.config import write_private
 from broker.domain import Estate, PoolKind
 from broker.pools.base import Context, PoolDriver
 from broker.pools.host import HostDriver
@@ -47,15 +49,29 @@ def build_runner(home: Path) -> Path:
     return build(folder / "klique-runner.pyz")
 
 
+def admin_user() -> str:
+    """The first admin: the account running the server (whose tasks a host pool without a user
+    map runs), or `admin` when that is root (which runs no task)."""
+    name = pwd.getpwuid(os.geteuid()).pw_name
+    return "admin" if os.geteuid() == 0 else name
+
+
 def ensure_admin_token(store: Store, home: Path) -> Path | None:
-    """At first start, make an admin token and keep it readable by this account only."""
+    """At first start, make an admin token, in a file readable by this account only."""
     path = home / "admin.token"
     if store.has_admin():
         return None
-    token = store.add_token("admin", admin=True)
-    path.write_text(token + "\n")
-    path.chmod(0o600)
+    token = store.add_token(admin_user(), admin=True)
+    write_private(path, token + "\n")
     return path
+
+
+def private_home(home: Path) -> None:
+    """The server's home holds the database, tokens and consoles: this account's alone."""
+    os.umask(0o077)  # every file the server creates is private, the database included
+    home.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if home.stat().st_uid == os.geteuid():
+        home.chmod(0o700)
 
 
 def build_app(
@@ -82,7 +98,7 @@ def build_app(
 
 
 def serve(estate: Estate, home: Path, db_url: str, host: str, port: int) -> None:
-    home.mkdir(parents=True, exist_ok=True)
+    private_home(home)
     store = Store.open(db_url)
     token_path = ensure_admin_token(store, home)
     if token_path is not None:
@@ -93,8 +109,9 @@ def serve(estate: Estate, home: Path, db_url: str, host: str, port: int) -> None
         )
     api_url = f"http://{host}:{port}"
     app = build_app(estate, store, home, api_url)
-    (home / "server.json").write_text(
-        json.dumps({"url": api_url, "pid": os.getpid(), "estate": estate.source})
+    write_private(
+        home / "server.json",
+        json.dumps({"url": api_url, "pid": os.getpid(), "estate": estate.source}),
     )
     print(
         f"klique: serving {api_url} (estate {estate.source}, {len(estate.pools)} pools)", flush=True

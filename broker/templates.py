@@ -17,19 +17,26 @@ import jinja2
 from markupsafe import Markup
 
 from broker.errors import TemplateError
+from broker.names import has_control
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
 
-# What a directive may contain: validated values only, never free text.
-_DIRECTIVE = re.compile(r"^--?[A-Za-z][A-Za-z0-9_-]*([= ][A-Za-z0-9_.,:=/%@+\[\]\"-]+)?$")
+# What a directive may contain: validated values only, never free text (matched whole).
+_DIRECTIVE = re.compile(r"--?[A-Za-z][A-Za-z0-9_-]*([= ][A-Za-z0-9_.,:=/%@+\[\]\"-]+)?")
 
 
 def _quote(value: Any) -> str:
-    if isinstance(value, Markup):
-        return str(value)
+    """Every value a template prints: shell-quoted, and never one with a control character
+    (a newline would start a new script line or directive, whatever the template does)."""
     if isinstance(value, list | tuple):
-        return " ".join(shlex.quote(str(v)) for v in value)
-    return shlex.quote(str(value))
+        return " ".join(_quote(v) for v in value)
+    text = str(value)
+    if has_control(text):
+        raise TemplateError(
+            f"value {text!r} holds a control character and cannot enter a batch script; "
+            "fix: only validated names reach templates (see templates/README.md)"
+        )
+    return text if isinstance(value, Markup) else shlex.quote(text)
 
 
 @functools.lru_cache(maxsize=16)
@@ -49,10 +56,10 @@ def environment(root: Path = TEMPLATES) -> jinja2.Environment:
 
 def safe_directive(directive: str, origin: str) -> Markup:
     """A directive that may enter a script as it is; anything else is refused."""
-    if not _DIRECTIVE.match(directive):
+    if not _DIRECTIVE.fullmatch(directive):
         raise TemplateError(
             f"directive {directive!r} from {origin} is not allowed in a batch script; fix: use "
-            "--name or --name=value with letters, digits and . , : = / % @ + - [ ] \" only"
+            '--name or --name=value with letters, digits and . , : = / % @ + - [ ] " only'
         )
     return Markup(directive)  # noqa: S704 - checked just above
 

@@ -33,15 +33,22 @@ _WRITE = (
     'set -e; tmp=$(mktemp "$1.XXXXXX"); trap \'rm -f "$tmp"\' EXIT; '
     'cat >"$tmp"; chmod "$2" "$tmp"; mv -f "$tmp" "$1"; trap - EXIT'
 )
-_READ = 'test -e "$1" || exit 3; exec tail -c +"$2" -- "$1"'
+_READ = 'test -e "$1" || exit 3; tail -c +"$2" -- "$1" | head -c "$3"'
 # Several files at once: a tar stream on stdin, modes kept (-p), mtimes now (-m); then the
-# command that follows, if any, in the same process.
+# command that follows, if any, in the same process. The folder must be new: `mkdir` without -p
+# fails on any existing name (a folder, a link, a file someone planted), and -m 700 makes it
+# private from the first instant.
 _UNPACK_FAILED = 125
 _UNPACK_WORDS = "klique: the files above could not be written"
-_UNPACK = (
-    f'mkdir -p -- "$1" && tar -x -m -p -f - -C "$1" || '
+_UNPACK = (  # umask 077: what the command then starts (a batch job) creates is private too
+    f'umask 077; mkdir -m 700 -- "$1" && tar -x -m -p -f - -C "$1" || '
     f'{{ echo "{_UNPACK_WORDS}" >&2; exit {_UNPACK_FAILED}; }}; shift; [ "$#" -eq 0 ] || exec "$@"'
 )
+# Several files read at once, as a tar stream: each read once, links stored as links (never
+# followed), missing files skipped.
+_COLLECT = 'exec tar -c -f - --ignore-failed-read --warning=no-failed-read -- "$@" 2>/dev/null'
+# A folder of the account's own, created private if missing; anything else there is refused.
+_PRIVATE_DIR = 'mkdir -m 700 -- "$1" 2>/dev/null; test -d "$1" && test ! -L "$1" && test -O "$1"'
 _FILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 _MISSING = 3
 _Env = Mapping[str, str] | None
@@ -76,11 +83,17 @@ def make_transport(pool: Pool) -> Transport:
         return LocalTransport()
     mapped = [*pool.user_map.accounts.values(), pool.user_map.default]
     query = pool.settings.get("query_account") or next((a for a in mapped if a), None)
+    known_hosts = conf.get("known_hosts")
+    if not known_hosts:
+        raise TransportError(
+            f"pool {pool.name}: an ssh transport needs known_hosts; fix: give the path of a "
+            "known_hosts file that holds the login node's host key"
+        )
     return SSHTransport(
         str(conf.get("host", "127.0.0.1")),
         int(conf.get("port", 22)),
-        known_hosts=str(conf.get("known_hosts")),
-        client_keys=[str(key) for key in conf.get("client_keys") or ()],
+        known_hosts=os.path.expanduser(str(known_hosts)),
+        client_keys=[os.path.expanduser(str(key)) for key in conf.get("client_keys") or ()],
         default_account=None if query is None else str(query),
     )
 
@@ -111,9 +124,9 @@ def _timed_out(argv: Sequence[str], account: str, host: str, timeout: float) -> 
     )
 
 
-def _with_env(argv: Sequence[str], env: _Env) -> list[str]:
-    """argv behind `env`, which sets the variables and exits 127/126 like a shell when the
-    program is missing or not executable."""
+def _with_env(argv: Sequence[str], env: _Env, clean: bool = False) -> list[str]:
+    """argv behind `env`, which sets the variables (only those, when clean) and exits 127/126
+    like a shell when the program is missing or not executable."""
     if not argv:
         raise TransportError("an empty command cannot be run")
     bad = [name for name in env or () if not _ENV_NAME.fullmatch(name)]
@@ -121,7 +134,8 @@ def _with_env(argv: Sequence[str], env: _Env) -> list[str]:
         raise TransportError(f"invalid environment variable names {bad!r} for `{_shown(argv)}`")
     if "=" in argv[0]:
         raise TransportError(f"a program name containing '=' cannot be run: {argv[0]!r}")
-    return ["env", "--", *(f"{k}={v}" for k, v in (env or {}).items()), *argv]
+    variables = [f"{k}={v}" for k, v in (env or {}).items()]
+    return ["env", *(["-i"] if clean else []), "--", *variables, *argv]
 
 
 def _tar(files: Mapping[str, tuple[bytes, int]]) -> bytes:
@@ -132,6 +146,21 @@ def _tar(files: Mapping[str, tuple[bytes, int]]) -> bytes:
             info.size, info.mode, info.mtime = len(data), mode, int(time.time())
             archive.addfile(info, io.BytesIO(data))
     return buffer.getvalue()
+
+
+def _untar(data: bytes) -> dict[str, bytes]:
+    found: dict[str, bytes] = {}
+    if not data:
+        return found
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as archive:
+            for member in archive:
+                content = archive.extractfile(member) if member.isreg() else None
+                if content is not None:
+                    found["/" + member.name.lstrip("/")] = content.read()
+    except tarfile.TarError as exc:
+        raise TransportError(f"a file listing could not be read: {exc}") from exc
+    return found
 
 
 def _absolute(path: str) -> str:
@@ -205,19 +234,48 @@ class Transport(ABC):
             )
 
     async def read_file(
-        self, path: str, *, account: str | None = None, offset: int = 0
+        self, path: str, *, account: str | None = None, offset: int = 0, limit: int = 1 << 30
     ) -> bytes | None:
-        """The file's bytes from offset on; None when it is missing (or hidden from account)."""
+        """Up to `limit` bytes of the file from offset on, read as account; None when it is
+        missing (or hidden from account)."""
         account = account or self.default_account
         if account is None:
             raise TransportError(f"reading {path} on {self.host} needs an account")
-        argv = ["sh", "-c", _READ, "sh", _absolute(path), str(offset + 1)]
+        argv = ["sh", "-c", _READ, "sh", _absolute(path), str(offset + 1), str(limit)]
         done = await self._exec(argv, account, None, 60.0, None)
         if done.returncode == _MISSING:
             return None
         if done.returncode:
             raise TransportError(f"could not read {path} as {account} on {self.host}: {done.err}")
         return done.out
+
+    async def read_files(self, paths: Sequence[str], *, account: str) -> dict[str, bytes]:
+        """The regular files among `paths`, read as account in one command; missing files,
+        links and anything else are left out."""
+        if not paths:
+            return {}
+        argv = ["sh", "-c", _COLLECT, "sh", *(_absolute(p) for p in paths)]
+        done = await self._exec(argv, account, None, 60.0, None)
+        if done.returncode:
+            raise TransportError(
+                f"could not read {len(paths)} files as {account} on {self.host}: {done.err}"
+            )
+        return _untar(done.out)
+
+    async def private_dir(self, path: str, *, account: str) -> None:
+        """Make `path` a folder of account's own (mode 700), or refuse what is already there."""
+        done = await self.run(["sh", "-c", _PRIVATE_DIR, "sh", _absolute(path)], account=account)
+        if done.returncode:
+            raise CommandFailed(
+                f"{path} on {self.host} is not a private folder of {account} (it is a link, or "
+                "owned by another account); fix: remove it, and never share it between accounts"
+            )
+
+    async def signal(self, targets: Sequence[str], sig: str, *, account: str) -> None:
+        """Send a signal as account: its kernel rights decide which processes it reaches.
+        Targets are pids, or -PGID for a whole process group."""
+        argv = ["kill", f"-{sig}", "--", *targets]
+        await self.run(argv, account=account, timeout=30.0)
 
     async def close(self) -> None:
         return None
@@ -241,13 +299,6 @@ class LocalTransport(Transport):
     def __init__(self) -> None:
         self.host = socket.gethostname()
 
-    async def read_file(
-        self, path: str, *, account: str | None = None, offset: int = 0
-    ) -> bytes | None:
-        if account is not None:
-            return await super().read_file(path, account=account, offset=offset)
-        return await asyncio.to_thread(_read_own, _absolute(path), offset)
-
     def _as_account(self, account: str) -> list[str]:
         check_account(account)
         if pwd.getpwuid(os.geteuid()).pw_name == account:
@@ -255,6 +306,28 @@ class LocalTransport(Transport):
         if os.geteuid() == 0:
             return ["runuser", "-u", account, "--"]
         return ["sudo", "-n", "-u", account, "--"]
+
+    async def spawn(
+        self, argv: Sequence[str], *, account: str, env: Mapping[str, str], log: str
+    ) -> asyncio.subprocess.Process:
+        """Start argv as account in a session of its own, with exactly `env`, its output
+        appended to `log` (opened by the account's shell, never by this process); not waited for.
+        """
+        wrapped = ["sh", "-c", 'log=$1; shift; exec "$@" >>"$log" 2>&1', "sh", _absolute(log)]
+        full = [*self._as_account(account), *_with_env([*wrapped, *argv], env, clean=True)]
+        home = pwd.getpwnam(account).pw_dir
+        try:
+            return await asyncio.create_subprocess_exec(
+                *full,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.DEVNULL,
+                env={k: os.environ[k] for k in _PASSED_ENV if k in os.environ},
+                cwd=home if os.path.isdir(home) else "/",
+                start_new_session=True,
+            )
+        except OSError as exc:
+            raise TransportError(f"cannot run `{_shown(full)}` on {self.host}: {exc}") from exc
 
     async def _exec(
         self, argv: Sequence[str], account: str, stdin: bytes | None, timeout: float, env: _Env
@@ -292,17 +365,6 @@ async def _kill_group(proc: asyncio.subprocess.Process) -> None:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(proc.wait(), 2.0)
             return
-
-
-def _read_own(path: str, offset: int) -> bytes | None:
-    try:
-        with open(path, "rb") as file:
-            file.seek(offset)
-            return file.read()
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        raise TransportError(f"could not read {path}: {exc.strerror}") from exc
 
 
 class SSHTransport(Transport):

@@ -75,7 +75,7 @@ def checkout(mirror: str, commit: str, dest: str) -> None:
     """A working clone at commit that borrows the mirror's objects (git clone --shared)."""
     if os.path.exists(dest):
         shutil.rmtree(dest)  # a requeued job starts from a clean clone
-    _git(["clone", "--quiet", "--shared", "--no-checkout", mirror, dest], None, "cloning")
+    _git(["clone", "--quiet", "--shared", "--no-checkout", "--", mirror, dest], None, "cloning")
     _git(
         ["-c", "advice.detachedHead=false", "checkout", "--quiet", "--detach", commit],
         dest,
@@ -121,7 +121,7 @@ def _clone_mirror(repo: str, mirror: str) -> None:
     tmp = f"{mirror}.tmp-{os.getpid()}"
     if os.path.exists(tmp):
         shutil.rmtree(tmp)
-    _git(["clone", "--quiet", "--bare", repo, tmp], None, f"cloning {repo}")
+    _git(["clone", "--quiet", "--bare", "--", repo, tmp], None, f"cloning {repo}")
     # Keep every fetched ref up to date, and never prune objects a running job may borrow.
     _git(["config", "remote.origin.fetch", "+refs/heads/*:refs/heads/*"], tmp, "configuring")
     _git(["config", "--add", "remote.origin.fetch", "+refs/tags/*:refs/tags/*"], tmp, "configuring")

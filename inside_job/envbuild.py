@@ -119,6 +119,7 @@ def _install(
     tmp: str, final: str, source: envsource.Source, uv: str | None, spec: TaskSpec
 ) -> None:
     from inside_job import installer
+    from inside_job.private import package_cache
 
     cache = package_cache(spec.package_cache)
     if uv:
@@ -163,15 +164,6 @@ def platform_tag() -> str:
     except (ValueError, OSError):
         libc = "libc"
     return f"{sys.platform}-{os.uname().machine}-{libc}"
-
-
-def package_cache(configured: str | None) -> str:
-    """The installers' download cache: node-local unless configured (shared read-write breaks)."""
-    if configured:
-        return configured
-    if os.environ.get("KLIQUE_PACKAGE_CACHE"):
-        return os.environ["KLIQUE_PACKAGE_CACHE"]
-    return os.path.join("/var/tmp", f"klique-{os.getuid()}", "package-cache")
 
 
 def find_uv(configured: str | None, console: Console) -> str | None:

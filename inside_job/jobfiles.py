@@ -19,7 +19,7 @@ def write_json(path: str, obj: dict) -> None:
     """Write obj to path atomically: a unique temporary name in the same folder, then rename."""
     tmp = f"{path}.{os.getpid()}.{time.monotonic_ns()}.tmp"
     data = json.dumps(obj, sort_keys=True).encode("utf-8") + b"\n"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
         os.write(fd, data)
     finally:
@@ -56,7 +56,7 @@ class Console:
 
     def __init__(self, job_dir: str) -> None:
         self.path = os.path.join(job_dir, CONSOLE_FILE)
-        self.fd = above_stdio(os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644))
+        self.fd = above_stdio(os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600))
 
     def say(self, line: str) -> None:
         """Append one 'klique: ...' progress line."""

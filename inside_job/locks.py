@@ -11,7 +11,7 @@ class FileLock:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        self.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
 
     def shared(self) -> None:
         fcntl.flock(self.fd, fcntl.LOCK_SH)

@@ -29,6 +29,9 @@ class Prepared:
 
 
 def prepare(spec: TaskSpec, console: Console) -> Prepared:
+    from inside_job.private import cache_root
+
+    spec.cache_dir = cache_root(spec.cache_setting)
     cwd = _code(spec, console)
     venv = None
     prepared = Prepared(list(spec.command), {}, cwd)

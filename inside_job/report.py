@@ -26,7 +26,7 @@ def scalar(name: str, value: float, step: int | None = None) -> None:
         "time": time.time(),
     }
     line = (json.dumps(item) + "\n").encode("utf-8")
-    fd = os.open(os.path.join(job_dir, SCALARS_FILE), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = os.open(os.path.join(job_dir, SCALARS_FILE), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     try:
         os.write(fd, line)
     finally:

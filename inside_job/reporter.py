@@ -113,7 +113,9 @@ class Reporter:
 def read_console(path: str, offset: int, final: bool) -> tuple[str, int]:
     """Up to CHUNK_BYTES of new console text from offset; a split UTF-8 character waits."""
     data = _read_from(path, offset, CHUNK_BYTES)
-    text, used = decode_prefix(data, final)
+    # A full chunk is never the end of the file: a character split at its edge waits, even
+    # in the final flush, for the next chunk to complete it.
+    text, used = decode_prefix(data, final and len(data) < CHUNK_BYTES)
     return text, offset + used
 
 

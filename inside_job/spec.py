@@ -56,7 +56,9 @@ class TaskSpec:
         self.report: ReportSpec | None = (
             ReportSpec(_dict(report, "report")) if report is not None else None
         )
-        self.cache_dir: str = _opt_str(raw, "cache_dir") or _default_cache_dir()
+        # The pool's cache_dir; prepare() turns it into this account's private cache folder.
+        self.cache_setting: str | None = _opt_str(raw, "cache_dir")
+        self.cache_dir: str = ""
         self.uv: str | None = _opt_str(raw, "uv")
         self.package_cache: str | None = _opt_str(raw, "package_cache")
         self.env_cache_bytes: int | None = _opt_int(raw, "env_cache_bytes")
@@ -80,10 +82,6 @@ def load(job_dir: str) -> TaskSpec:
     if raw.get("version", 1) != 1:
         raise SpecError(f"{path}: version {raw.get('version')!r} is not supported (expected 1)")
     return TaskSpec(raw, job_dir)
-
-
-def _default_cache_dir() -> str:
-    return os.path.join(os.path.expanduser("~"), ".cache", "klique")
 
 
 def _task_id(value: object) -> str:

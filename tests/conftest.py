@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -25,6 +27,46 @@ from broker.cli import main  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 FINAL = {"completed", "failed", "cancelled", "timeout", "lost"}
+# Tasks run as the mapped accounts (alice, bob), which cannot enter a private venv: their
+# commands use the system's interpreter, as a task on a real node would.
+TASK_PY = "/usr/bin/python3"
+# A host pool's access lines: the test accounts, and a shared job root made per server.
+HOST_ACCESS = "user_map: {admin: alice, alice: alice, bob: bob}\n    job_root: $JOB_ROOT"
+
+
+@pytest.fixture(scope="session")
+def installed_klique(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Klique as `pip install klique` gives it: built as a wheel (not editable) and installed
+    into a virtual environment of the system's python3 that every account can run. Returns
+    the environment's bin folder."""
+    uv = shutil.which("uv", path=str(Path(sys.executable).parent)) or shutil.which("uv")
+    assert uv, "uv is a test dependency"
+    folder = Path(tempfile.mkdtemp(prefix="klique-installed-", dir="/tmp"))
+    folder.chmod(0o755)
+    dist = folder / "dist"
+    steps = [
+        [uv, "build", "--wheel", "--out-dir", str(dist), str(ROOT)],
+        [uv, "venv", "--quiet", "--python", TASK_PY, str(folder / "venv")],
+    ]
+    for argv in steps:
+        subprocess.run(argv, check=True, capture_output=True, timeout=600)
+    wheel = next(dist.glob("klique-*.whl"))
+    python = folder / "venv" / "bin" / "python"
+    subprocess.run(
+        [uv, "pip", "install", "--quiet", "--python", str(python), str(wheel)],
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
+    subprocess.run(["chmod", "-R", "a+rX", str(folder)], check=True)
+    return folder / "venv" / "bin"
+
+
+def shared_folder(prefix: str = "klique-test-") -> Path:
+    """A folder every account can use, with the sticky bit (like /tmp): a job root."""
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    path.chmod(0o1777)
+    return path
 
 
 def wait_for(
@@ -56,6 +98,7 @@ class Server:
     home: Path
     token: str
     process: subprocess.Popen[bytes]
+    job_root: Path | None = None  # the shared job root made for `$JOB_ROOT` in its estate
 
     def env(self, token: str | None = None) -> dict[str, str]:
         return {
@@ -149,31 +192,41 @@ def stop_server(server: Server) -> None:
 
 @pytest.fixture
 def server_factory(tmp_path: Path) -> Iterator[Callable[..., Server]]:
+    """Servers on loopback; `$JOB_ROOT` in an estate becomes a new shared job root."""
     started: list[Server] = []
+    roots: list[Path] = []
 
     def make(estate_text: str | None = None, **extra_env: str) -> Server:
         home = tmp_path / f"home{len(started)}"
-        estate = None
+        estate = job_root = None
         if estate_text is not None:
+            if "$JOB_ROOT" in estate_text:
+                job_root = shared_folder("klique-jobs-")
+                roots.append(job_root)
+                estate_text = estate_text.replace("$JOB_ROOT", str(job_root))
             estate = tmp_path / f"estate{len(started)}.yaml"
             estate.write_text(estate_text)
         server = start_server(home, estate, extra_env)
+        server.job_root = job_root
         started.append(server)
         return server
 
     yield make
     for server in started:
         stop_server(server)
+    for root in roots:
+        shutil.rmtree(root, ignore_errors=True)
 
 
-HOST_ESTATE = """
+HOST_ESTATE = f"""
 resources:
   cpu:
-    profile: {cpus: 1, memory: 1G, walltime: 1h, pools: [local]}
+    profile: {{cpus: 1, memory: 1G, walltime: 1h, pools: [local]}}
 pools:
   local:
     kind: host
     slots: 4
+    {HOST_ACCESS}
 """
 
 

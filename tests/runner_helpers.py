@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import shutil
 import subprocess
 import sys
@@ -14,6 +15,12 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 UV = shutil.which("uv", path=str(Path(sys.executable).parent)) or shutil.which("uv")
+
+
+def cache_of(root: Path) -> Path:
+    """Where a runner started by make_job(root) keeps its caches: the pool's cache_dir (root /
+    "cache") holds one private folder per account."""
+    return root / "cache" / pwd.getpwuid(os.getuid()).pw_name
 
 
 def make_job(root: Path, name: str = "job", **task: object) -> Path:

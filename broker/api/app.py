@@ -1,13 +1,17 @@
 """The REST API (OpenAPI at /docs and /openapi.json). Thin: validation, auth, the store."""
 
+import hmac
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, Header, HTTPException, Request
+from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request
+from fastapi import Path as PathParam
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 
+from broker.api.limits import BodyLimit
 from broker.api.schemas import (
     LogChunk,
     PoolOut,
@@ -25,13 +29,35 @@ from broker.api.schemas import (
 from broker.domain import CodeSpec, Task, TaskSpec, TaskState
 from broker.errors import KliqueError, NotFound, NotPermitted
 from broker.estate import parse_estate
-from broker.pools.base import RUNNER_OUTCOMES, observation_from_exit
 from broker.scheduler.fairshare import UsageRow, decayed_usage
 from broker.scheduler.loop import HOLDING, Scheduler, _active
 from broker.simulate import Trace, queued_of, simulate
+from broker.store.repository import token_digest
 from broker.usage import Run, UsageKey, summarise
+from inside_job.reporter import decode_prefix
 
 API = "/api/v1"
+
+
+class ErrorOut(BaseModel):
+    detail: Any  # one sentence (what, and how to fix it), or FastAPI's list of field errors
+
+
+# Every operation may answer these, always as {"detail": ...}.
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorOut, "description": what}
+    for status, what in (
+        (400, "a malformed request: the detail says what and how to fix it"),
+        (401, "a missing, unknown or wrong token"),
+        (403, "not permitted: policy, ownership, admin-only"),
+        (404, "no such task, compute resource or pool (or not yours)"),
+        (413, "over the server's size limits (limits: in the estate)"),
+        (422, "a field does not match its schema"),
+    )
+}
+TaskId = Annotated[int, PathParam(ge=1, lt=2**63, description="A task's id.")]
+_LOG_CHUNK = 1 << 20
+_NO_TASK = token_digest("")  # compared against when the id is unknown: the same work either way
 
 
 @dataclass(frozen=True)
@@ -45,9 +71,11 @@ def create_app(scheduler: Scheduler, lifespan: Any = None) -> FastAPI:
         title="Klique",
         version="0.1.0",
         lifespan=lifespan,
+        responses=ERROR_RESPONSES,
         description="Submit tasks to compute resources; follow, explain and cancel them.",
     )
     app.state.scheduler = scheduler
+    app.add_middleware(BodyLimit, limit=lambda: scheduler.estate.limits.max_request_bytes)
 
     @app.exception_handler(KliqueError)
     async def _klique_error(_request: Request, exc: KliqueError) -> JSONResponse:
@@ -97,6 +125,14 @@ def create_app(scheduler: Scheduler, lifespan: Any = None) -> FastAPI:
                 f"unknown compute resource {resource!r}; known: {known} "
                 "(`klique resources` lists them)"
             )
+        if body.code is not None and len(body.code.diff.encode()) > estate.limits.max_diff_bytes:
+            raise HTTPException(
+                413,
+                f"the uncommitted diff is {len(body.code.diff.encode())} bytes, over this "
+                f"server's limit of {estate.limits.max_diff_bytes}; fix: commit and push the "
+                "change, ignore large files in .gitignore, or ask the platform team to raise "
+                "limits.max_diff in the estate",
+            )
         team = estate.team_of(who.user)
         if not estate.permitted(team, resource):
             raise NotPermitted(
@@ -121,19 +157,30 @@ def create_app(scheduler: Scheduler, lifespan: Any = None) -> FastAPI:
 
     @app.get(f"{API}/tasks")
     def list_tasks(
-        who: Auth, state: str | None = None, all_users: bool = False, limit: int = 200
+        who: Auth,
+        state: Annotated[str | None, Query(max_length=200)] = None,
+        all_users: bool = False,
+        limit: Annotated[int, Query(ge=1, le=1000)] = 200,
+        before: Annotated[int | None, Query(ge=1, lt=2**63)] = None,
     ) -> list[TaskOut]:
+        """The newest tasks first, a page at a time: pass the last id seen as `before`."""
         owner = None if (all_users and who.admin) else who.user
-        states = [TaskState(s) for s in state.split(",")] if state else None
-        tasks = scheduler.store.tasks(owner=owner, states=states, limit=limit, newest_first=True)
+        tasks = scheduler.store.tasks(
+            owner=owner,
+            states=_states(state),
+            limit=limit,
+            newest_first=True,
+            before=before,
+            with_diff=False,
+        )
         return [_task_out(t, scheduler) for t in tasks]
 
     @app.get(f"{API}/tasks/{{task_id}}")
-    def show(task_id: int, who: Auth) -> TaskOut:
+    def show(task_id: TaskId, who: Auth) -> TaskOut:
         return _task_out(own_task(task_id, who), scheduler, detail=True)
 
     @app.get(f"{API}/tasks/{{task_id}}/why")
-    def why(task_id: int, who: Auth) -> WhyOut:
+    def why(task_id: TaskId, who: Auth) -> WhyOut:
         task = own_task(task_id, who)
         reason = scheduler.pending.get(task.id)
         if reason is None:
@@ -157,13 +204,17 @@ def create_app(scheduler: Scheduler, lifespan: Any = None) -> FastAPI:
         )
 
     @app.get(f"{API}/tasks/{{task_id}}/logs")
-    def logs(task_id: int, who: Auth, offset: int = 0) -> LogChunk:
+    async def logs(
+        task_id: TaskId, who: Auth, offset: Annotated[int, Query(ge=0, lt=2**62)] = 0
+    ) -> LogChunk:
         task = own_task(task_id, who)
-        text, end = _read_console(task, scheduler, offset)
-        return LogChunk(id=task.id, offset=end, text=text, final=task.state.final)
+        data = await _read_console(task, scheduler, offset)
+        # A character split at the chunk's end waits for the next read, unless this is the end.
+        text, used = decode_prefix(data, task.state.final and len(data) < _LOG_CHUNK)
+        return LogChunk(id=task.id, offset=offset + used, text=text, final=task.state.final)
 
     @app.post(f"{API}/tasks/{{task_id}}/cancel")
-    async def cancel(task_id: int, who: Auth) -> TaskOut:
+    async def cancel(task_id: TaskId, who: Auth) -> TaskOut:
         task = own_task(task_id, who)
         if task.state.final:
             return _task_out(task, scheduler)
@@ -171,11 +222,16 @@ def create_app(scheduler: Scheduler, lifespan: Any = None) -> FastAPI:
 
     @app.post(f"{API}/tasks/{{task_id}}/report")
     def report(
-        task_id: int, body: Report, authorization: Annotated[str | None, Header()] = None
+        task_id: TaskId, body: Report, authorization: Annotated[str | None, Header()] = None
     ) -> dict[str, bool]:
+        """What a task's runner says: state, console, scalars, its end. The end is a claim: the
+        task becomes final only when its pool sees the job gone (see SECURITY.md)."""
+        given = token_digest((authorization or "").removeprefix("Bearer ").strip())
+        expected = scheduler.store.report_digest(task_id) or ""
+        # Unknown ids and wrong tokens get the same answer, after the same comparison.
+        if not hmac.compare_digest(given, expected or _NO_TASK) or not expected:
+            raise HTTPException(401, "not a valid report token for this task")
         task = scheduler.store.get(task_id)
-        if (authorization or "").removeprefix("Bearer ").strip() != task.report_token:
-            raise HTTPException(401, "not this task's report token")
         if body.console is not None:
             _save_console(task, scheduler, body.console.offset, body.console.text)
         if body.scalars:
@@ -184,15 +240,9 @@ def create_app(scheduler: Scheduler, lifespan: Any = None) -> FastAPI:
             scheduler.store.change_state(
                 task.id, TaskState.RUNNING, only_from=[TaskState.SUBMITTED, TaskState.PENDING]
             )
-        if body.exit is not None and body.exit.get("outcome") in RUNNER_OUTCOMES:
-            seen = observation_from_exit(body.exit)
-            scheduler.store.change_state(
-                task.id,
-                seen.state,
-                seen.reason,
-                only_from=[TaskState.RUNNING],
-                exit_code=seen.exit_code,
-            )
+        if body.exit is not None and not task.state.final:
+            scheduler.store.update(task.id, claim=body.exit.model_dump())
+            scheduler.wake()  # the pool confirms at its next look
         return {"ok": True}
 
     @app.get(f"{API}/resources")
@@ -276,23 +326,40 @@ def _task_out(task: Task, scheduler: Scheduler, detail: bool = False) -> TaskOut
     return out
 
 
+def _states(text: str | None) -> list[TaskState] | None:
+    if not text:
+        return None
+    known = {s.value for s in TaskState}
+    unknown = [s for s in text.split(",") if s not in known]
+    if unknown:
+        raise HTTPException(
+            400, f"unknown states {', '.join(unknown)}; use any of {', '.join(sorted(known))}"
+        )
+    return [TaskState(s) for s in text.split(",")]
+
+
 def _console_copy(task: Task, scheduler: Scheduler) -> Path:
+    """The console as the runner reported it over HTTP, kept in the server's own home."""
     return scheduler.home / "console" / f"{task.id}.log"
 
 
-def _read_console(task: Task, scheduler: Scheduler, offset: int) -> tuple[str, int]:
-    """From the job directory when this server can read it, else from the reported copy."""
-    candidates = [Path(task.job_dir) / "console.log"] if task.job_dir else []
-    candidates.append(_console_copy(task, scheduler))
-    for path in candidates:
+async def _read_console(task: Task, scheduler: Scheduler, offset: int) -> bytes:
+    """From the job folder, read as the task's own account by its pool; else the reported copy.
+    The server never opens a file in a folder a user can write."""
+    driver = scheduler.drivers.get(task.pool or "")
+    if driver is not None and task.job_dir:
         try:
-            with path.open("rb") as f:
-                f.seek(offset)
-                data = f.read(1 << 20)
-        except OSError:
-            continue
-        return data.decode("utf-8", "replace"), offset + len(data)
-    return "", offset
+            data = await driver.read_console(task, offset, _LOG_CHUNK)
+        except KliqueError:
+            data = None
+        if data is not None:
+            return data
+    try:
+        with _console_copy(task, scheduler).open("rb") as f:
+            f.seek(offset)
+            return f.read(_LOG_CHUNK)
+    except OSError:
+        return b""
 
 
 def _save_console(task: Task, scheduler: Scheduler, offset: int, text: str) -> None:

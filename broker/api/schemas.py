@@ -2,36 +2,46 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from broker.domain import ComputeResource, Pool, Task, TaskState
+from broker.names import ENV_NAME, IMAGE, LINE, NAME, NO_NUL, PROJECT, REPO
 from broker.scheduler.placement import PoolState
 
+Name = Annotated[str, Field(pattern=NAME)]
+Line = Annotated[str, Field(pattern=LINE, max_length=4096)]
+Argument = Annotated[str, Field(pattern=NO_NUL, max_length=131072)]
+EnvName = Annotated[str, Field(pattern=ENV_NAME)]
 
-class CodeIn(BaseModel):
-    repo: str | None = None
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class CodeIn(_Body):
+    repo: str | None = Field(None, pattern=REPO)
     commit: str | None = Field(None, pattern=r"^[0-9a-f]{7,64}$")
     diff: str = ""
-    workdir: str | None = None
-    subdir: str = ""
+    workdir: str | None = Field(None, pattern=r"^/" + LINE[1:], max_length=4096)
+    subdir: Line = ""
 
 
-class SubmitRequest(BaseModel):
-    command: list[str] = Field(min_length=1)
-    resource: str | None = None
-    project: str = Field("default", min_length=1, max_length=200)
-    name: str = Field("", max_length=200)
-    env: dict[str, str] = {}
+class SubmitRequest(_Body):
+    command: list[Argument] = Field(min_length=1, max_length=4096)
+    resource: Name | None = None
+    project: str = Field("default", pattern=PROJECT)
+    name: str = Field("", max_length=200, pattern=LINE)
+    env: dict[EnvName, Argument] = Field({}, max_length=1024)
     code: CodeIn | None = None
-    requirements: list[str] = []
-    requirements_file: str | None = None
-    image: str | None = None
+    requirements: list[Line] = Field([], max_length=4096)
+    requirements_file: Line | None = None
+    image: str | None = Field(None, pattern=IMAGE)
 
 
-class TokenRequest(BaseModel):
-    user: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+class TokenRequest(_Body):
+    user: str = Field(pattern=NAME)
     admin: bool = False
 
 
@@ -55,6 +65,7 @@ class TaskOut(BaseModel):
     started_at: float | None
     finished_at: float | None
     code: dict[str, Any] | None = None
+    claim: dict[str, Any] | None = None  # the runner's report of its end, not yet confirmed
     events: list[dict[str, Any]] = []
     scalars: list[dict[str, Any]] = []
 
@@ -66,7 +77,7 @@ class TaskOut(BaseModel):
             code = {
                 "repo": c.repo,
                 "commit": c.commit,
-                "diff_bytes": len(c.diff.encode()),
+                "diff_bytes": task.diff_bytes,
                 "workdir": c.workdir,
                 "subdir": c.subdir,
             }
@@ -90,6 +101,7 @@ class TaskOut(BaseModel):
             started_at=task.started_at,
             finished_at=task.finished_at,
             code=code,
+            claim=task.claim,
         )
 
 
@@ -111,31 +123,45 @@ class LogChunk(BaseModel):
 
 
 class ConsoleIn(BaseModel):
-    offset: int = Field(ge=0)
-    text: str
+    offset: int = Field(ge=0, lt=2**62)
+    text: str = Field(max_length=1 << 20)
+
+
+Finite = Annotated[float, Field(allow_inf_nan=False)]
 
 
 class ScalarIn(BaseModel):
-    name: str
-    value: float
-    step: int | None = None
-    time: float | None = None
+    name: str = Field(min_length=1, max_length=200, pattern=LINE)
+    value: Finite
+    step: int | None = Field(None, ge=-(2**62), lt=2**62)
+    time: Finite | None = None
 
 
 class StatusIn(BaseModel):
     """status.json, as the runner writes it (docs/job-directory.md)."""
 
     state: Literal["setting_up", "running", "done"]
-    time: float | None = None
-    host: str | None = None
-    pid: int | None = None
+    time: Finite | None = None
+    host: str | None = Field(None, max_length=255)
+    pid: int | None = Field(None, ge=0, lt=2**31)
+
+
+class ExitIn(BaseModel):
+    """exit.json, as the runner writes it: a claim until the pool confirms the job has ended."""
+
+    exit_code: int | None = Field(None, ge=-(2**31), lt=2**31)
+    outcome: Literal["completed", "failed", "setup_failed", "signalled", "preempted", "timeout"]
+    reason: str = Field("", max_length=2000)
+    signal: int | None = Field(None, ge=0, lt=256)
+    started: Finite | None = None
+    finished: Finite | None = None
 
 
 class Report(BaseModel):
     state: StatusIn | None = None
-    exit: dict[str, Any] | None = None
+    exit: ExitIn | None = None
     console: ConsoleIn | None = None
-    scalars: list[ScalarIn] = []
+    scalars: list[ScalarIn] = Field([], max_length=10000)
 
 
 class ResourceOut(BaseModel):

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import secrets
 import shutil
+import stat
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -11,7 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from broker.domain import Estate, Pool, Task, TaskState, spec_to_dict
+from broker.errors import NotPermitted, SubmitError
 from broker.scheduler.placement import PoolState
+from broker.transport import Transport, check_account
 
 
 @dataclass(frozen=True)
@@ -53,20 +57,79 @@ class Context:
 
 
 class PoolDriver(ABC):
-    """One pool. The scheduler loop calls these; none of them may fail a task on its own."""
+    """One pool. The scheduler loop calls these; none of them may fail a task on its own.
+
+    Everything inside a job folder is created, read, written and signalled as the task's
+    mapped account, through `transport`: the server never touches a path a user can write.
+    """
+
+    transport: Transport
+    job_root: str
 
     def __init__(self, pool: Pool, context: Context) -> None:
         self.pool = pool
         self.context = context
         self.strangers: set[str] = set()  # native ids of jobs with Klique's tag no task owns
+        self.problems: list[str] = []  # found at start: the pool takes no task while there are any
+        self._uv_staged: set[str] = set()
+
+    def account(self, task: Task) -> str:
+        """The Linux account the task runs as; NotPermitted with the reason otherwise."""
+        account = self.pool.user_map.account_for(task.owner)
+        if account is None:
+            raise NotPermitted(
+                f"user {task.owner!r} is not in pool {self.pool.name!r}'s user_map and it has "
+                "no default; fix: map the user to a Linux account in the estate"
+            )
+        check_account(account)
+        return account
+
+    def new_job_dir(self, task: Task) -> str:
+        """A fresh, unguessable folder name for this attempt: nobody can create it first."""
+        name = f"{task.tag}-{max(task.attempts, 1)}-{secrets.token_hex(6)}"
+        return f"{self.job_root.rstrip('/')}/{name}"
+
+    async def check(self) -> list[str]:
+        """Problems that keep this pool from running tasks safely, found at start (empty: none).
+        The job root must not let one account plant or swap another's job folders."""
+        account = self.check_account()
+        if account is None:
+            return []
+        done = await self.transport.run(
+            ["stat", "-L", "-c", "%a", "--", self.job_root], account=account, timeout=30
+        )
+        if done.returncode:
+            problems = [
+                f"job_root {self.job_root} cannot be used by {account}: {done.stderr.strip()}; "
+                f"fix: create it on the shared filesystem with mode 1777 (install -d -m 1777)"
+            ]
+        else:
+            problem = job_root_problem(self.job_root, int(done.stdout.strip() or "0", 8))
+            problems = [problem] if problem else []
+        self.problems = problems
+        return problems
+
+    def check_account(self) -> str | None:
+        """An account to run start-up checks as (None: none is mapped)."""
+        accounts = [*self.pool.user_map.accounts.values(), self.pool.user_map.default]
+        return next((a for a in accounts if a), None)
+
+    async def read_console(self, task: Task, offset: int, limit: int) -> bytes | None:
+        """Up to `limit` bytes of the task's console from `offset`, read as its account."""
+        if not task.job_dir:
+            return None
+        return await self.transport.read_file(
+            f"{task.job_dir}/console.log", account=self.account(task), offset=offset, limit=limit
+        )
 
     @abstractmethod
     async def capacity(self, active: Sequence[Task]) -> PoolState:
         """Free capacity now, given the tasks Klique has in this pool."""
 
     @abstractmethod
-    async def submit(self, task: Task) -> Submission:
-        """Stand the task up in the pool. Raises SubmitError with the pool's own words."""
+    async def submit(self, task: Task, report_token: str) -> Submission:
+        """Stand the task up in `task.job_dir` (new). Raises SubmitError with the pool's words.
+        `report_token` goes into task.json only: the store keeps its digest."""
 
     @abstractmethod
     async def poll(self, tasks: Sequence[Task]) -> dict[int, Observation]:
@@ -76,10 +139,39 @@ class PoolDriver(ABC):
     async def cancel(self, task: Task) -> None:
         """Stop the task's job, queued or running."""
 
-    def uv_path(self) -> str | None:
-        """The uv the runner uses: the pool's setting, else this server's own (same machine)."""
+    def uv_setting(self) -> str | None:
+        """The pool's `uv`: a path on the nodes, `stage`, or unset (the node's PATH)."""
         configured = self.pool.settings.get("uv")
-        return str(configured) if configured else own_uv()
+        return str(configured) if configured else None
+
+    def uv_path(self, task: Task) -> str | None:
+        """`uv: stage` puts this server's uv in a private folder of each account under job_root
+        (no account runs a uv another could have replaced); a path names the node's own; unset,
+        the runner looks on the node's PATH (and falls back to venv + pip)."""
+        if self.uv_setting() == "stage":
+            return f"{self._stage_dir(self.account(task))}/uv"
+        return self.uv_setting()
+
+    def _stage_dir(self, account: str) -> str:
+        return f"{self.job_root.rstrip('/')}/.klique-{account}"
+
+    async def stage_uv(self, account: str) -> None:
+        """Copy this server's uv into the account's private folder once (mode 500)."""
+        if self.uv_setting() != "stage" or account in self._uv_staged:
+            return
+        folder = self._stage_dir(account)
+        await self.transport.private_dir(folder, account=account)
+        staged = f"{folder}/uv"
+        if (await self.transport.run(["test", "-x", staged], account=account)).returncode != 0:
+            source = own_uv()
+            if source is None:
+                raise SubmitError(
+                    "the pool says `uv: stage` but this server has no uv to stage; "
+                    "fix: install uv beside the server, or name the node's uv"
+                )
+            data = Path(source).read_bytes()
+            await self.transport.write_file(staged, data, account=account, mode=0o500)
+        self._uv_staged.add(account)
 
     async def preempt(self, task: Task) -> None:
         """Stop a run so that it ends as preempted: a marker the runner reads, then cancel."""
@@ -88,18 +180,19 @@ class PoolDriver(ABC):
         await self.cancel(task)
 
     async def write_marker(self, task: Task, name: str) -> None:
-        path = Path(str(task.job_dir)) / name
-        path.write_text("")
+        await self.transport.write_file(f"{task.job_dir}/{name}", b"", account=self.account(task))
 
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections and processes the driver holds."""
 
-    def task_document(self, task: Task, gpus: Sequence[int] | None = None) -> dict[str, Any]:
+    def task_document(
+        self, task: Task, report_token: str, gpus: Sequence[int] | None = None
+    ) -> dict[str, Any]:
         """task.json: see docs/job-directory.md."""
         spec = spec_to_dict(task.spec)
         report = None
         if self.context.api_url:
-            report = {"url": self.context.api_url, "token": task.report_token}
+            report = {"url": self.context.api_url, "token": report_token}
         return {
             "version": 1,
             "id": task.id,
@@ -118,7 +211,7 @@ class PoolDriver(ABC):
             "gpus": None if gpus is None else list(gpus),
             "report": report,
             "cache_dir": self.pool.settings.get("cache_dir"),
-            "uv": self.uv_path(),
+            "uv": self.uv_path(task),
         }
 
 
@@ -133,28 +226,40 @@ def own_uv() -> str | None:
         return shutil.which("uv")
 
 
-def write_job_dir(job_dir: Path, document: Mapping[str, Any], runner: Path) -> None:
-    """A local job directory with task.json and the runner (host pools, shared filesystems)."""
-    job_dir.mkdir(parents=True, exist_ok=True)
-    tmp = job_dir / "task.json.tmp"
-    tmp.write_text(json.dumps(document, indent=2))
-    tmp.replace(job_dir / "task.json")
-    shutil.copyfile(runner, job_dir / "klique-runner.pyz")
+def job_root_problem(path: str, mode: int) -> str | None:
+    """Why other accounts could plant or swap job folders in a job root of this mode, or None."""
+    if mode & (stat.S_IWGRP | stat.S_IWOTH) and not mode & stat.S_ISVTX:
+        return (
+            f"job_root {path} (mode {mode:o}) is writable by other accounts without the sticky "
+            f"bit, so one account could rename or replace another's job folders; fix: "
+            f"chmod 1777 {path} (or o-w, g-w)"
+        )
+    return None
 
 
-def read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
+def parse_json(data: bytes | None) -> dict[str, Any] | None:
+    """A JSON object from a job file's bytes; None for anything else (the file is the job's)."""
+    if not data:
         return None
-    return data if isinstance(data, dict) else None
+    try:
+        doc = json.loads(data)
+    except ValueError:
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+_REASON_CHARS = 2000
 
 
 def observation_from_exit(doc: Mapping[str, Any]) -> Observation:
-    """The runner's exit.json decides how a task ended (docs/job-directory.md)."""
-    code = doc.get("exit_code")
+    """The runner's exit.json says how a task ended (docs/job-directory.md). It is the job's
+    own claim: values that are not what the runner writes are dropped, never trusted."""
+    raw_code = doc.get("exit_code")
+    code = raw_code if type(raw_code) is int and -(2**31) <= raw_code < 2**31 else None
     outcome = doc.get("outcome", "")
-    reason = str(doc.get("reason") or "")
+    raw_reason = doc.get("reason")
+    reason = raw_reason[:_REASON_CHARS] if isinstance(raw_reason, str) else ""
+    reason = "".join(c if c.isprintable() else " " for c in reason)
     if outcome == "completed" or (code == 0 and outcome in ("", "completed")):
         return Observation(TaskState.COMPLETED, reason or "exit code 0", 0)
     if outcome == "preempted":

@@ -12,12 +12,11 @@ import re
 import time
 from abc import abstractmethod
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from broker.domain import Pool, Profile, Task, TaskState
-from broker.errors import KliqueError, NotPermitted, SubmitError, SubmitUnknown, TransportError
+from broker.errors import KliqueError, SubmitError, SubmitUnknown, TransportError
 from broker.pools.base import (
     RUNNER_OUTCOMES,
     Context,
@@ -25,11 +24,10 @@ from broker.pools.base import (
     PoolDriver,
     Submission,
     observation_from_exit,
-    own_uv,
 )
 from broker.scheduler.placement import PoolState
 from broker.templates import render, safe_directive, template_name
-from broker.transport import Completed, Transport, check_account, make_transport
+from broker.transport import Completed, Transport, make_transport
 
 log = logging.getLogger("klique.pools")
 
@@ -84,7 +82,6 @@ class BatchDriver(PoolDriver):
         self._submit_paused_until = 0.0
         self._submit_error = ""
         self.status_calls = 0
-        self._uv_staged = False
         self._runner: bytes | None = None
 
     # Hooks a scheduler module supplies.
@@ -134,16 +131,6 @@ class BatchDriver(PoolDriver):
 
     # The flow.
 
-    def account(self, task: Task) -> str:
-        account = self.pool.user_map.account_for(task.owner)
-        if account is None:
-            raise NotPermitted(
-                f"user {task.owner!r} is not in pool {self.pool.name!r}'s user_map and it has "
-                "no default; fix: map the user to a Linux account in the estate"
-            )
-        check_account(account)
-        return account
-
     def query_account(self) -> str:
         """The account that runs status and capacity queries (they need no particular one)."""
         configured = self.pool.settings.get("query_account")
@@ -152,11 +139,12 @@ class BatchDriver(PoolDriver):
         accounts = list(self.pool.user_map.accounts.values())
         return accounts[0] if accounts else str(self.pool.user_map.default)
 
-    def job_dir(self, task: Task) -> str:
-        return f"{self.job_root.rstrip('/')}/{task.job_name()}"
+    def check_account(self) -> str | None:
+        return self.query_account()
 
     def render(self, task: Task, job_dir: str | None = None) -> str:
-        job_dir = job_dir or self.job_dir(task)
+        # A preview (no job folder yet) shows the folder as named by the tag alone.
+        job_dir = job_dir or task.job_dir or f"{self.job_root.rstrip('/')}/{task.tag}"
         resource = self.context.estate.resources[task.resource]
         skip = set(self.pool.skip_directives) | set(resource.skip_directives)
         directives = [
@@ -189,45 +177,21 @@ class BatchDriver(PoolDriver):
         name = template_name(self.kind, resource.name, self.pool.template)
         return render(name, context)
 
-    def uv_path(self) -> str | None:
-        """`uv: stage` puts this server's uv under job_root once; a path names the node's own;
-        unset, the runner looks on the node's PATH (and falls back to venv + pip)."""
-        configured = self.pool.settings.get("uv")
-        if configured == "stage":
-            return f"{self.job_root.rstrip('/')}/.klique/uv"
-        return str(configured) if configured else None
-
-    async def _stage_uv(self, account: str) -> None:
-        staged = self.uv_path()
-        if self.pool.settings.get("uv") != "stage" or self._uv_staged or staged is None:
-            return
-        if (await self.transport.run(["test", "-x", staged], account=account)).returncode != 0:
-            source = own_uv()
-            if source is None:
-                raise SubmitError(
-                    "the pool says `uv: stage` but this server has no uv to stage; "
-                    "fix: install uv beside the server, or name the node's uv"
-                )
-            await self.transport.make_dir(staged.rsplit("/", 1)[0], account=account)
-            data = Path(source).read_bytes()
-            await self.transport.write_file(staged, data, account=account, mode=0o755)
-        self._uv_staged = True
-
     def _runner_bytes(self) -> bytes:
         """The runner zipapp, read once: the server builds it once at start."""
         if self._runner is None:
             self._runner = self.context.runner.read_bytes()
         return self._runner
 
-    async def submit(self, task: Task) -> Submission:
+    async def submit(self, task: Task, report_token: str) -> Submission:
         account = self.account(task)
-        await self._stage_uv(account)
-        job_dir = self.job_dir(task)
+        await self.stage_uv(account)
+        job_dir = str(task.job_dir)
         script = self.render(task, job_dir)
-        files = {
-            "task.json": (_json_bytes(self.task_document(task)), 0o644),
-            "klique-runner.pyz": (self._runner_bytes(), 0o644),
-            "job.sh": (script.encode(), 0o755),
+        files = {  # in a new folder of mode 700, owned by the account (Transport.write_files)
+            "task.json": (_json_bytes(self.task_document(task, report_token)), 0o600),
+            "klique-runner.pyz": (self._runner_bytes(), 0o600),
+            "job.sh": (script.encode(), 0o700),
         }
         try:  # the job directory is written and submitted in one command: one spawn, or session
             done = await self.transport.write_files(
@@ -256,9 +220,6 @@ class BatchDriver(PoolDriver):
         self._submit_paused_until = time.monotonic() + self._submit_backoff
         self._submit_error = f"submission failed: {words}"
 
-    async def write_marker(self, task: Task, name: str) -> None:
-        await self.transport.write_file(f"{task.job_dir}/{name}", b"", account=self.account(task))
-
     async def cancel(self, task: Task) -> None:
         if not task.native_id:
             return
@@ -272,7 +233,7 @@ class BatchDriver(PoolDriver):
 
     async def capacity(self, active: Sequence[Task]) -> PoolState:
         waiting = sum(1 for t in active if t.state is not TaskState.RUNNING)
-        error = self._capacity_error
+        error = "; ".join(self.problems) or self._capacity_error
         if not error and time.monotonic() < self._submit_paused_until:
             error = self._submit_error
         return PoolState(
@@ -354,14 +315,14 @@ class BatchDriver(PoolDriver):
 
     async def _find(self, task: Task) -> Observation:
         """A task whose submission's outcome is unknown: its tag in the queue, or its files."""
-        job_dir = self.job_dir(task)
+        job_dir = str(task.job_dir)
         for status in self._last.values():
             # The tag alone may be another installation's, or an earlier attempt's: where the
             # scheduler shows the script, it must be this attempt's.
             ours = status.name == task.tag and status.script in ("", f"{job_dir}/job.sh")
             if ours and self.STATES.get(status.state) is not TaskState.CANCELLED:
                 return Observation(TaskState.SUBMITTED, native_id=status.native_id, job_dir=job_dir)
-        if await self._exit_file(replace(task, job_dir=job_dir)) is not None:
+        if task.job_dir and await self._exit_file(task) is not None:
             return Observation(TaskState.SUBMITTED, native_id="", job_dir=job_dir)
         return Observation(
             TaskState.QUEUED,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -29,7 +30,7 @@ from broker.scheduler.placement import (
     decayed_usage,
     place,
 )
-from broker.store.repository import Store
+from broker.store.repository import Store, token_digest
 
 log = logging.getLogger("klique.scheduler")
 
@@ -58,6 +59,7 @@ class Scheduler:
 
     async def run(self, stop: asyncio.Event) -> None:
         self._loop = asyncio.get_running_loop()
+        await self.check_pools()
         while not stop.is_set():
             self._wake.clear()  # a wake during the cycle below runs the next one at once
             try:
@@ -68,6 +70,20 @@ class Scheduler:
             await asyncio.wait(waits, timeout=self.interval_s, return_when=asyncio.FIRST_COMPLETED)
             for w in waits:
                 w.cancel()
+
+    async def check_pools(self) -> None:
+        """Start-up checks (job roots, interpreters): a pool with problems takes no task."""
+
+        async def check(name: str, driver: PoolDriver) -> None:
+            try:
+                problems = await driver.check()
+            except KliqueError as exc:  # unreachable now: its polls will say so
+                log.warning("pool %s: start-up check could not run: %s", name, exc)
+                return
+            for problem in problems:
+                log.error("pool %s takes no task: %s", name, problem)
+
+        await asyncio.gather(*(check(n, d) for n, d in self.drivers.items()))
 
     async def cycle(self) -> None:
         holding = self._by_pool(self.store.tasks(states=HOLDING))
@@ -242,9 +258,15 @@ class Scheduler:
 
     async def _submit(self, task: Task) -> None:
         driver = self.drivers[task.pool or ""]
+        # A new folder and report token for every attempt, recorded before anything is sent:
+        # a crash after this finds the job by its folder, and an old attempt cannot report.
+        token = secrets.token_urlsafe(32)
+        task = self.store.update(
+            task.id, job_dir=driver.new_job_dir(task), report_digest=token_digest(token)
+        )
         crash_point("before_submit")
         try:
-            done = await driver.submit(task)
+            done = await driver.submit(task, token)
         except SubmitUnknown as exc:
             log.warning("task %s: submission outcome unknown: %s", task.id, exc)
             return  # stays PLACED: the next cycle looks its tag up before any retry

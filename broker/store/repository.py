@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event, func, select
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session, sessionmaker, undefer
 
 from broker.domain import Task, TaskSpec, TaskState, spec_from_dict, spec_to_dict, transition
 from broker.errors import NotFound
@@ -71,7 +71,8 @@ def _engine(url: str) -> Engine:
     return engine
 
 
-def _digest(token: str) -> str:
+def token_digest(token: str) -> str:
+    """What the store keeps of a token: its SHA-256 (tokens are random, so no salt is needed)."""
     return hashlib.sha256(token.encode()).hexdigest()
 
 
@@ -120,6 +121,7 @@ class Store:
         reason: str = "",
     ) -> Task:
         now = time.time()
+        stored, diff = _spec_json(spec)
         row = TaskRow(
             name=spec.name,
             owner=owner,
@@ -128,9 +130,11 @@ class Store:
             resource=spec.resource,
             state=state.value,
             reason=reason,
-            spec=json.dumps(spec_to_dict(spec)),
+            spec=stored,
+            diff=diff,
+            diff_bytes=len(diff.encode()),
             gpus=gpus,
-            report_token=secrets.token_urlsafe(24),
+            report_digest="",
             created_at=now,
             updated_at=now,
             queued_at=now if state is TaskState.QUEUED else None,
@@ -165,8 +169,14 @@ class Store:
         pool: str | None = None,
         limit: int | None = None,
         newest_first: bool = False,
+        before: int | None = None,
+        with_diff: bool = True,
     ) -> list[Task]:
+        """Tasks in id order (newest first if asked), from `before` down when paging; listings
+        pass with_diff=False so that no stored diff is loaded."""
         query = select(TaskRow)
+        if before is not None:
+            query = query.where(TaskRow.id < before)
         if owner is not None:
             query = query.where(TaskRow.owner == owner)
         if states is not None:
@@ -176,8 +186,10 @@ class Store:
         query = query.order_by(TaskRow.id.desc() if newest_first else TaskRow.id)
         if limit is not None:
             query = query.limit(limit)
+        if with_diff:
+            query = query.options(undefer(TaskRow.diff))
         with self._sessions() as session:
-            return [_task(row) for row in session.scalars(query)]
+            return [_task(row, with_diff) for row in session.scalars(query)]
 
     def change_state(
         self,
@@ -205,6 +217,8 @@ class Store:
             _set_fields(row, fields)
             if reason is not None:
                 row.reason = reason
+            elif old != new:
+                row.reason = ""  # a reason belongs to the state it explained
             if old != new:
                 row.state = new.value
                 stamp = _STAMPS.get(new)
@@ -227,6 +241,11 @@ class Store:
             row.updated_at = now
             session.flush()
             return _task(row)
+
+    def report_digest(self, task_id: int) -> str | None:
+        """The digest of the task's current report token; None for an unknown task."""
+        with self._sessions() as session:
+            return session.scalar(select(TaskRow.report_digest).where(TaskRow.id == task_id))
 
     def update(self, task_id: int, **fields: Any) -> Task:
         """Set fields other than the state (native id, job dir, reason)."""
@@ -312,13 +331,13 @@ class Store:
         token = secrets.token_urlsafe(32)
         with self._tx() as session:
             session.add(
-                TokenRow(digest=_digest(token), user=user, admin=admin, created_at=time.time())
+                TokenRow(digest=token_digest(token), user=user, admin=admin, created_at=time.time())
             )
         return token
 
     def user_for_token(self, token: str) -> tuple[str, bool] | None:
         with self._sessions() as session:
-            row = session.get(TokenRow, _digest(token))
+            row = session.get(TokenRow, token_digest(token))
             return (row.user, row.admin) if row else None
 
     def has_admin(self) -> bool:
@@ -331,13 +350,27 @@ _JSON_LISTS = {"skip_pools", "gpu_ids"}
 
 def _set_fields(row: TaskRow, fields: dict[str, Any]) -> None:
     for name, value in fields.items():
-        setattr(row, name, json.dumps(sorted(value)) if name in _JSON_LISTS else value)
+        if name in _JSON_LISTS:
+            value = json.dumps(sorted(value))
+        elif name == "claim" and value is not None:
+            value = json.dumps(value)
+        setattr(row, name, value)
 
 
-def _task(row: TaskRow) -> Task:
+def _spec_json(spec: TaskSpec) -> tuple[str, str]:
+    """The spec as stored (JSON without the diff), and the diff."""
+    data = spec_to_dict(spec)
+    diff = data["code"].pop("diff", "") if data.get("code") else ""
+    return json.dumps(data), diff
+
+
+def _task(row: TaskRow, with_diff: bool = True) -> Task:
+    data = json.loads(row.spec)
+    if with_diff and data.get("code") is not None:
+        data["code"]["diff"] = row.diff
     return Task(
         id=row.id,
-        spec=spec_from_dict(json.loads(row.spec)),
+        spec=spec_from_dict(data),
         owner=row.owner,
         team=row.team,
         state=TaskState(row.state),
@@ -352,7 +385,8 @@ def _task(row: TaskRow) -> Task:
         attempts=row.attempts,
         gpu_ids=tuple(json.loads(row.gpu_ids or "[]")),
         preempted=row.preempted,
-        report_token=row.report_token,
+        diff_bytes=row.diff_bytes,
+        claim=json.loads(row.claim) if row.claim else None,
         created_at=row.created_at,
         queued_at=row.queued_at,
         submitted_at=row.submitted_at,

@@ -24,7 +24,10 @@ class TaskRow(Base):
     pool: Mapped[str | None] = mapped_column(String(64), nullable=True, index=True)
     native_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
     job_dir: Mapped[str | None] = mapped_column(Text, nullable=True)
-    spec: Mapped[str] = mapped_column(Text)  # TaskSpec as JSON
+    spec: Mapped[str] = mapped_column(Text)  # TaskSpec as JSON, without the code's diff
+    # The uncommitted diff, apart: listings never load it.
+    diff: Mapped[str] = mapped_column(Text, default="", deferred=True)
+    diff_bytes: Mapped[int] = mapped_column(Integer, default=0)
     exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
     gpus: Mapped[float] = mapped_column(Float, default=0.0)  # GPUs the profile asks for
     gpu_ids: Mapped[str] = mapped_column(Text, default="[]")  # JSON list: host GPUs given
@@ -32,7 +35,10 @@ class TaskRow(Base):
     preempted: Mapped[bool] = mapped_column(Boolean, default=False)
     skip_pools: Mapped[str] = mapped_column(Text, default="[]")  # JSON list (spill-over)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
-    report_token: Mapped[str] = mapped_column(String(64))
+    # SHA-256 of the current attempt's report token; the token itself is only in task.json.
+    report_digest: Mapped[str] = mapped_column(String(64), default="")
+    # The runner's own report of how the task ended (JSON): a claim until the pool confirms it.
+    claim: Mapped[str | None] = mapped_column(Text, nullable=True)
     created_at: Mapped[float] = mapped_column(Float)
     queued_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     submitted_at: Mapped[float | None] = mapped_column(Float, nullable=True)

@@ -2,14 +2,16 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import httpx
-from conftest import submitted_id, wait_for
+import pytest
+from conftest import HOST_ACCESS, TASK_PY, shared_folder, submitted_id, wait_for
 
-PY = sys.executable
+PY = TASK_PY  # the tasks run as alice, with the system's interpreter
 
 
 def test_a_task_completes_and_its_output_is_in_the_logs(host_server):
@@ -97,8 +99,26 @@ def test_cancel_stops_a_long_task_and_its_process_is_gone(host_server):
     assert task["pool"] == "local"
 
 
-def test_a_task_from_a_git_checkout_runs_the_uncommitted_code(host_server, tmp_path):
-    repo = tmp_path / "repo"
+@pytest.fixture
+def repo(monkeypatch):
+    """Where a checkout of alice's is made: the task runs as alice and clones it. The test
+    process (root) reads it too, so git is told to trust a checkout it does not own."""
+    folder = shared_folder("klique-repo-")
+    for key, value in {
+        "GIT_CONFIG_COUNT": "1",
+        "GIT_CONFIG_KEY_0": "safe.directory",
+        "GIT_CONFIG_VALUE_0": "*",
+    }.items():
+        monkeypatch.setenv(key, value)
+    yield folder / "repo"
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def give_to_alice(repo: Path) -> None:
+    subprocess.run(["chown", "-R", "alice:alice", str(repo)], check=True)
+
+
+def test_a_task_from_a_git_checkout_runs_the_uncommitted_code(host_server, repo):
     repo.mkdir()
     git = ["git", "-c", "user.email=a@example.com", "-c", "user.name=A"]
     subprocess.run(["git", "init", "-q", str(repo)], check=True)
@@ -107,6 +127,7 @@ def test_a_task_from_a_git_checkout_runs_the_uncommitted_code(host_server, tmp_p
     subprocess.run([*git, "commit", "-qm", "one"], cwd=repo, check=True)
     (repo / "train.py").write_text("print('changed, not committed')\n")
     (repo / "extra.py").write_text("VALUE = 'untracked file too'\n")
+    give_to_alice(repo)
     result = host_server.cli(
         "submit",
         "--json",
@@ -129,8 +150,7 @@ def test_a_task_from_a_git_checkout_runs_the_uncommitted_code(host_server, tmp_p
     assert "?? extra.py" in status  # the user's index is untouched
 
 
-def test_a_diff_that_does_not_apply_fails_the_task_naming_the_file(host_server, tmp_path):
-    repo = tmp_path / "repo"
+def test_a_diff_that_does_not_apply_fails_the_task_naming_the_file(host_server, repo):
     subprocess.run(["git", "init", "-q", str(repo)], check=True)
     (repo / "a.txt").write_text("one\n")
     git = ["git", "-c", "user.email=a@example.com", "-c", "user.name=A"]
@@ -139,6 +159,7 @@ def test_a_diff_that_does_not_apply_fails_the_task_naming_the_file(host_server, 
     commit = subprocess.run(
         ["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True, check=True
     ).stdout.strip()
+    give_to_alice(repo)
     diff = "--- a/a.txt\n+++ b/a.txt\n@@ -1 +1 @@\n-something else\n+two\n"
     with host_server.api() as api:
         task = api.post(
@@ -164,7 +185,9 @@ def test_bad_input_gets_clear_errors(host_server):
 
 def test_an_unreachable_server_is_one_line_and_non_zero(tmp_path):
     env = {**os.environ, "KLIQUE_API": "http://127.0.0.1:9", "KLIQUE_HOME": str(tmp_path)}
-    done = subprocess.run([PY, "-m", "broker", "ls"], env=env, capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "broker", "ls"], env=env, capture_output=True, text=True
+    )
     assert done.returncode == 1
     assert done.stderr.startswith("klique: cannot reach the Klique server at http://127.0.0.1:9")
     assert done.stderr.count("\n") == 1
@@ -199,7 +222,8 @@ def test_the_openapi_document_is_served(host_server):
     assert "/api/v1/tasks" in doc["paths"] and "/api/v1/tasks/{task_id}/why" in doc["paths"]
 
 
-ONE_SLOT = """
+ONE_SLOT = (
+    """
 teams:
   vision: [alice]
 resources:
@@ -209,11 +233,15 @@ pools:
   local:
     kind: host
     slots: 1
+    """
+    + HOST_ACCESS
+    + """
 policies:
   vision:
     resources: [cpu]
     limit: {cpu: 1}
 """
+)
 
 
 def test_why_explains_a_waiting_task_and_it_starts_when_the_slot_frees(server_factory):
@@ -266,7 +294,8 @@ def test_a_preempted_host_task_is_requeued_and_runs_again(server_factory):
     assert back["state"] in ("queued", "placed", "submitted", "running")
 
 
-RECLAIM_ESTATE = """
+RECLAIM_ESTATE = (
+    """
 defaults:
   min_run: 0s
   reclaim_grace: 0s
@@ -280,6 +309,9 @@ pools:
   local:
     kind: host
     slots: 1
+    """
+    + HOST_ACCESS
+    + """
 policies:
   vision:
     resources: [cpu]
@@ -287,31 +319,59 @@ policies:
   nlp:
     resources: [cpu]
 """
+)
 
 
 def test_a_task_with_requirements_runs_with_those_packages(host_server):
     code = "import six; print('six', six.__version__)"
-    first = submitted_id(host_server.cli("submit", "--no-code", "--json", "--requirement",
-                                         "six==1.16.0", "--", "python", "-c", code))
+    first = submitted_id(
+        host_server.cli(
+            "submit",
+            "--no-code",
+            "--json",
+            "--requirement",
+            "six==1.16.0",
+            "--",
+            "python",
+            "-c",
+            code,
+        )
+    )
     assert host_server.wait_state(first, timeout=120)["state"] == "completed"
     assert "six 1.16.0" in host_server.cli("logs", str(first)).output
-    second = submitted_id(host_server.cli("submit", "--no-code", "--json", "--requirement",
-                                          "six==1.16.0", "--", "python", "-c", code))
+    second = submitted_id(
+        host_server.cli(
+            "submit",
+            "--no-code",
+            "--json",
+            "--requirement",
+            "six==1.16.0",
+            "--",
+            "python",
+            "-c",
+            code,
+        )
+    )
     assert host_server.wait_state(second, timeout=120)["state"] == "completed"
     logs = host_server.cli("logs", str(second)).output
     assert "reusing environment" in logs and "six 1.16.0" in logs
 
 
 def test_the_runner_reports_over_http_console_scalars_and_state(host_server):
-    code = ("from inside_job import report\n"
-            "print('over the wire', flush=True)\n"
-            "report.scalar('loss', 0.25, step=3)\n")
+    code = (
+        "from inside_job import report\n"
+        "print('over the wire', flush=True)\n"
+        "report.scalar('loss', 0.25, step=3)\n"
+    )
     task_id = submitted_id(host_server.cli("submit", "--no-code", "--json", "--", PY, "-c", code))
     task = host_server.wait_state(task_id)
     assert task["state"] == "completed", task
     copy = host_server.home / "console" / f"{task_id}.log"
-    wait_for(lambda: copy.exists() and "over the wire" in copy.read_text(), 30,
-             "the console to arrive over HTTP")
+    wait_for(
+        lambda: copy.exists() and "over the wire" in copy.read_text(),
+        30,
+        "the console to arrive over HTTP",
+    )
     shown = json.loads(host_server.cli("show", str(task_id), "--json").output)
     assert [(s["name"], s["value"], s["step"]) for s in shown["scalars"]] == [("loss", 0.25, 3)]
     assert "loss = 0.25 (step 3)" in host_server.cli("show", str(task_id)).output

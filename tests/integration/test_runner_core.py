@@ -7,6 +7,7 @@ import signal
 import sys
 
 from runner_helpers import (
+    cache_of,
     console,
     make_job,
     read_json,
@@ -213,5 +214,5 @@ def test_sigterm_during_setup_ends_the_run_signalled(tmp_path):
     exit_file = read_json(job, "exit.json")
     assert exit_file["outcome"] == "signalled" and exit_file["reason"] == TERMINATED
     assert exit_file["started"] is None
-    envs = tmp_path / "cache" / "envs"
+    envs = cache_of(tmp_path) / "envs"
     assert sorted(p.name for p in envs.iterdir() if ".tmp-" in p.name) == []

@@ -6,7 +6,16 @@ import os
 import subprocess
 
 import pytest
-from runner_helpers import UV, console, make_job, read_json, run_runner, start_runner, wait_for
+from runner_helpers import (
+    UV,
+    cache_of,
+    console,
+    make_job,
+    read_json,
+    run_runner,
+    start_runner,
+    wait_for,
+)
 
 from inside_job import envcache
 
@@ -76,7 +85,7 @@ def test_four_concurrent_runners_build_one_environment(tmp_path, package_cache):
     reports = [read_json(job, "exit.json")["environment"] for job in jobs]
     assert sorted(r["reused"] for r in reports) == [False, True, True, True]
     assert len({r["key"] for r in reports}) == 1
-    envs = tmp_path / "cache" / "envs"
+    envs = cache_of(tmp_path) / "envs"
     assert [p.name for p in envs.iterdir() if not p.name.endswith(".lock")] == [reports[0]["key"]]
 
 
@@ -146,7 +155,7 @@ def test_eviction_never_removes_an_environment_in_use(tmp_path, package_cache):
     job = _env_job(tmp_path, package_cache, command=["python", "-c", hold])
     runner = start_runner(job)
     wait_for(lambda: "ready" in console(job), timeout=120, what="the task to start")
-    envs = str(tmp_path / "cache" / "envs")
+    envs = str(cache_of(tmp_path) / "envs")
     key = [name for name in os.listdir(envs) if not name.endswith(".lock")][0]
     assert envcache.evict(envs, budget=0) == []  # in use: kept
     assert os.path.isdir(os.path.join(envs, key))
@@ -159,7 +168,7 @@ def test_eviction_never_removes_an_environment_in_use(tmp_path, package_cache):
 
 def _compiled(job):
     key = read_json(job, "exit.json")["environment"]["key"]
-    env = job.parent / "cache" / "envs" / key
+    env = cache_of(job.parent) / "envs" / key
     return list(env.glob("lib/python*/site-packages/__pycache__/six.*.pyc"))
 
 
@@ -181,5 +190,5 @@ def test_a_requirement_that_cannot_be_installed_is_setup_failed(tmp_path, packag
     exit_file = read_json(job, "exit.json")
     assert exit_file["outcome"] == "setup_failed"
     assert exit_file["reason"].startswith("installing the requirements with uv failed")
-    envs = tmp_path / "cache" / "envs"
+    envs = cache_of(tmp_path) / "envs"
     assert [p.name for p in envs.iterdir() if not p.name.endswith(".lock")] == []

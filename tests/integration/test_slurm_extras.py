@@ -2,6 +2,7 @@
 
 import asyncio
 import json
+import pwd
 import subprocess
 from pathlib import Path
 
@@ -89,7 +90,10 @@ def test_a_staged_uv_builds_the_tasks_environment_on_the_node(server_factory, jo
     logs = server.cli("logs", str(task_id), token=alice).output
     assert task["state"] == "completed", (task, logs)
     assert "six 1.16.0" in logs
-    staged = job_root / ".klique" / "uv"
-    assert staged.exists() and staged.stat().st_mode & 0o111
+    folder = job_root / ".klique-alice"  # alice's own: no other account can replace her uv
+    staged = folder / "uv"
+    assert staged.exists() and staged.stat().st_mode & 0o777 == 0o500
+    assert folder.stat().st_uid == staged.stat().st_uid == pwd.getpwnam("alice").pw_uid
+    assert folder.stat().st_mode & 0o777 == 0o700
     exit_doc = json.loads((Path(task["job_dir"]) / "exit.json").read_text())
     assert exit_doc["environment"]["tool"] == "uv", exit_doc

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import FINAL, Server, start_server, stop_server, wait_for
+from conftest import FINAL, HOST_ACCESS, Server, start_server, stop_server, wait_for
 
 pytestmark = pytest.mark.slurm
 
@@ -42,6 +42,7 @@ pools:
     kind: host
     slots: 2
     gpus: 2
+    {HOST_ACCESS.replace("$JOB_ROOT", str(job_root))}
 """
 
 

@@ -176,14 +176,15 @@ def test_local_read_file_from_an_offset_and_missing_files(home_dir: str) -> None
         transport = LocalTransport()
         await transport.make_dir(home_dir, account="alice")
         await transport.write_file(f"{home_dir}/console.log", b"0123456789", account="alice")
+        with pytest.raises(TransportError, match="needs an account"):
+            await transport.read_file(f"{home_dir}/console.log")  # never with the server's rights
         return [
             await transport.read_file(f"{home_dir}/console.log", account="alice", offset=4),
-            await transport.read_file(f"{home_dir}/console.log", offset=8),
+            await transport.read_file(f"{home_dir}/console.log", account="alice", limit=3),
             await transport.read_file(f"{home_dir}/missing", account="alice"),
-            await transport.read_file(f"{home_dir}/missing"),
         ]
 
-    assert run(scenario()) == [b"456789", b"89", None, None]
+    assert run(scenario()) == [b"456789", b"012", None]
 
 
 def test_root_missing_and_malformed_accounts_are_refused(
@@ -432,13 +433,18 @@ def test_local_write_files_makes_the_folder_and_keeps_each_files_mode(home_dir: 
 
     async def scenario() -> None:
         transport = LocalTransport()
-        folder = f"{home_dir}/a/klique-1"
+        await transport.make_dir(home_dir, account="alice")  # a job root: it exists already
+        folder = f"{home_dir}/klique-1"
         await transport.write_files(folder, files, account="alice")
-        shown = await transport.write_files(  # again, then a command that reads them
-            folder, files, account="alice", then=["cat", f"{folder}/task.json"]
+        with pytest.raises(CommandFailed, match="File exists"):  # a folder is never reused
+            await transport.write_files(folder, files, account="alice")
+        shown = await transport.write_files(  # a new one, then a command that reads them
+            f"{home_dir}/klique-2", files, account="alice", then=["cat", f"{folder}/task.json"]
         )
         assert (shown.returncode, shown.stdout) == (0, '{"id": 1}')
-        failed = await transport.write_files(folder, files, account="alice", then=["false"])
+        failed = await transport.write_files(
+            f"{home_dir}/klique-3", files, account="alice", then=["false"]
+        )
         assert failed.returncode == 1  # the command's failure is the caller's to judge
         with pytest.raises(CommandFailed, match="could not write x into /root/y as bob"):
             await transport.write_files("/root/y", {"x": (b"", 0o644)}, account="bob")
@@ -447,8 +453,9 @@ def test_local_write_files_makes_the_folder_and_keeps_each_files_mode(home_dir: 
 
     run(scenario())
     alice = pwd.getpwnam("alice")
-    folder = Path(home_dir) / "a" / "klique-1"
+    folder = Path(home_dir) / "klique-1"
     assert sorted(os.listdir(folder)) == ["job.sh", "task.json"]
+    assert os.stat(folder).st_mode & 0o777 == 0o700  # private from the first instant
     for name, (data, mode) in files.items():
         info = os.stat(folder / name)
         assert (info.st_uid, info.st_mode & 0o777) == (alice.pw_uid, mode)

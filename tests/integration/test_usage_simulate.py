@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import json
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import FINAL, Server, wait_for
+from conftest import FINAL, HOST_ACCESS, TASK_PY, Server, wait_for
 
 from broker.usage import Run, parse_since, summarise
 
-PY = sys.executable
+PY = TASK_PY
 LONG = [PY, "-c", "import time; time.sleep(600)"]
 
 ESTATE = """
@@ -29,6 +28,7 @@ pools:
     kind: host
     slots: 4
     gpus: 2
+    """ + HOST_ACCESS + """
 policies:
   vision: {resources: [1-gpu]}
   nlp: {resources: [1-gpu]}

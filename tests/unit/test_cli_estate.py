@@ -17,7 +17,9 @@ BAD = (
 
 
 def test_check_accepts_the_example():
-    result = CliRunner().invoke(main, ["estate", "check", str(ROOT / "examples" / "estate.yaml")])
+    result = CliRunner().invoke(
+        main, ["estate", "check", "--file-only", str(ROOT / "examples" / "estate.yaml")]
+    )
     assert result.exit_code == 0 and "ok (4 compute resources, 2 pools" in result.output
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 
 import pytest
@@ -23,7 +22,7 @@ def test_a_minimal_task_file_loads_with_defaults(tmp_path):
     task = _load(tmp_path)
     assert task.id == "1" and task.command == ["true"] and task.scheduler == "host"
     assert task.code is None and task.gpus is None and task.report is None
-    assert task.cache_dir.endswith(os.path.join(".cache", "klique"))
+    assert task.cache_setting is None  # the runner then keeps its caches in ~/.cache/klique
 
 
 @pytest.mark.parametrize(
