@@ -51,6 +51,7 @@ class TaskSpec:
         self.requirements_file: str | None = _opt_str(raw, "requirements_file")
         self.image: str | None = _opt_str(raw, "image")
         self.runtime: str | None = _opt_str(raw, "runtime")
+        self.container_scratch: str | None = _opt_str(raw, "container_scratch")
         self.gpus: list[str] | None = _gpus(raw.get("gpus"))
         report = raw.get("report")
         self.report: ReportSpec | None = (
