@@ -111,6 +111,12 @@ class PoolFile(_Strict):
     python: str | None = None
     cache_dir: str | None = None
     uv: str | None = None
+    # Tasks with an image: the runtime that runs them (null: what the node has), and the
+    # node-local folder for unpacked containers and runtime caches.
+    container_runtime: (
+        Literal["charliecloud", "apptainer", "singularity", "enroot", "pyxis"] | None
+    ) = None
+    container_scratch: str | None = None
 
 
 class PolicyFile(_Strict):
@@ -246,6 +252,14 @@ def _cross_check(model: EstateFile) -> list[tuple[tuple[str, ...], str]]:
                     ("pools", pool_name),
                     "a batch pool needs job_root: a folder on the shared "
                     "filesystem that the mapped accounts can write; fix: add job_root",
+                )
+            )
+        if pool.container_runtime == "pyxis" and pool.kind is not PoolKind.SLURM:
+            problems.append(
+                (
+                    ("pools", pool_name, "container_runtime"),
+                    "pyxis is a Slurm plugin (srun --container-image); fix: use it on a slurm "
+                    "pool, or choose apptainer, enroot or charliecloud",
                 )
             )
         if pool.transport.kind == "ssh" and pool.transport.known_hosts is None:

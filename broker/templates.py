@@ -52,7 +52,7 @@ def safe_directive(directive: str, origin: str) -> Markup:
     if not _DIRECTIVE.match(directive):
         raise TemplateError(
             f"directive {directive!r} from {origin} is not allowed in a batch script; fix: use "
-            "--name or --name=value with letters, digits and . , : = / % @ + - [ ] \" only"
+            '--name or --name=value with letters, digits and . , : = / % @ + - [ ] " only'
         )
     return Markup(directive)  # noqa: S704 - checked just above
 

@@ -119,6 +119,8 @@ class PoolDriver(ABC):
             "report": report,
             "cache_dir": self.pool.settings.get("cache_dir"),
             "uv": self.uv_path(),
+            "runtime": self.pool.settings.get("container_runtime"),
+            "container_scratch": self.pool.settings.get("container_scratch"),
         }
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
+from broker.containers import container_fields
 from broker.domain import Pool, Profile, Task, TaskState
 from broker.errors import KliqueError, NotPermitted, SubmitError, SubmitUnknown, TransportError
 from broker.pools.base import (
@@ -185,6 +186,7 @@ class BatchDriver(PoolDriver):
             "walltime_s": profile.walltime_s,
             "job_dir": job_dir,
             "python": self.python,
+            **container_fields(self.pool, task, job_dir),
         }
         name = template_name(self.kind, resource.name, self.pool.template)
         return render(name, context)
