@@ -137,7 +137,14 @@ def _environ(rt: Runtime, **extra: str) -> dict[str, str]:
     return env
 
 
-def _job(rt: Runtime, root: Path, command: list[str], image: str = "plain", **task: object) -> Path:
+def _job(
+    rt: Runtime,
+    root: Path,
+    command: list[str],
+    image: str = "plain",
+    name: str = "job",
+    **task: object,
+) -> Path:
     spec: dict[str, object] = {
         "command": command,
         "image": rt.images[image],
@@ -147,7 +154,7 @@ def _job(rt: Runtime, root: Path, command: list[str], image: str = "plain", **ta
     if rt.runtime == "pyxis":
         spec["scheduler"] = "slurm"
     spec.update(task)
-    job = make_job(root, **spec)
+    job = make_job(root, name, **spec)
     zipapp.build(job / "klique-runner.pyz")
     return job
 
@@ -285,3 +292,27 @@ def test_an_image_that_does_not_exist_fails_saying_so(rt: Runtime, workdir: Path
         "enroot": "404 Not Found",
     }[rt.runtime]
     assert words in exit_file["reason"], exit_file
+
+
+@pytest.mark.parametrize("version", ["3.5.0"])
+def test_what_a_killed_runner_left_is_removed_by_the_next_run(
+    library: dict[str, object], workdir: Path, version: str
+) -> None:
+    rt = Runtime("enroot", "enroot", {"KLIQUE_SIM_ENROOT_VERSION": version})
+    refs: dict[str, dict[str, str]] = library["refs"]  # type: ignore[assignment]
+    rt.images = refs[""]
+    rt.settings["KLIQUE_SIM_REGISTRY"] = str(library["registry"])
+    first = _job(rt, workdir / "a", ["/bin/sh", "-c", "echo ready; exec sleep 600"])
+    runner = start(rt, first)
+    wait_for(lambda: "ready" in console(first), timeout=60, what="the task to start")
+    task_group = read_json(first, "status.json")["pid"]
+    runner.kill()  # SIGKILL: no cleanup runs; the scheduler then ends the job's processes
+    runner.wait(30)
+    os.killpg(task_group, signal.SIGKILL)
+    left = list((workdir / "a" / "scratch" / "enroot").glob("run-*"))
+    assert any(p.is_dir() and (p / "data" / "klique-7").is_dir() for p in left), left
+
+    second = _job(rt, workdir / "a", ["/bin/true"], name="job2")
+    assert run(rt, second).returncode == 0, console(second)
+    assert "left by an earlier run that was killed" in console(second)
+    assert list((workdir / "a" / "scratch" / "enroot").glob("run-*")) == []
