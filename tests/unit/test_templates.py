@@ -94,7 +94,8 @@ def test_a_template_error_names_the_file_and_line(tmp_path):
 
 def _pyxis_estate():
     text = (ROOT / "examples" / "estate.yaml").read_text()
-    return parse_estate(text.replace("# container_runtime: pyxis", "container_runtime: pyxis"), "e.yaml")
+    text = text.replace("# container_runtime: pyxis", "container_runtime: pyxis")
+    return parse_estate(text, "e.yaml")
 
 
 def test_a_pyxis_pool_starts_the_runner_inside_the_image():
