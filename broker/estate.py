@@ -121,6 +121,12 @@ class PoolFile(_Strict):
     python: str | None = None
     cache_dir: str | None = None
     uv: str | None = None
+    # Tasks with an image: the runtime that runs them (null: what the node has), and the
+    # node-local folder for unpacked containers and runtime caches.
+    container_runtime: (
+        Literal["charliecloud", "apptainer", "singularity", "enroot", "pyxis"] | None
+    ) = None
+    container_scratch: str | None = None
 
 
 class PolicyFile(_Strict):
@@ -282,6 +288,14 @@ def _cross_check(model: EstateFile) -> list[tuple[tuple[str, ...], str]]:
                         "tasks as root); fix: map the user to the account it logs in with",
                     )
                 )
+        if pool.container_runtime == "pyxis" and pool.kind is not PoolKind.SLURM:
+            problems.append(
+                (
+                    ("pools", pool_name, "container_runtime"),
+                    "pyxis is a Slurm plugin (srun --container-image); fix: use it on a slurm "
+                    "pool, or choose apptainer, enroot or charliecloud",
+                )
+            )
         if pool.transport.kind == "ssh" and pool.transport.known_hosts is None:
             problems.append(
                 (

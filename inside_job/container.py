@@ -1,24 +1,42 @@
-"""Container runtimes: Charliecloud (run in the tests here); Apptainer, Singularity, enroot and
-Pyxis, whose argv is unit-tested but has not run against a live binary here."""
+"""Container runtimes as argv and text, without side effects (inside_job/launch.py does those).
+
+Which versions each builder follows:
+- Charliecloud 0.26 and later (ch-run(1), "Environment variables"): --unset-env, a bare
+  --set-env for the image's /ch/environment, --env-no-expand, --set-env=NAME='VALUE'.
+- Apptainer 1.0 and later, SingularityCE 3.6 and later (user guide "Environment and Metadata"):
+  exec --cleanenv with APPTAINERENV_/SINGULARITYENV_ variables; --no-eval from Apptainer 1.1 and
+  SingularityCE 3.10; older versions get values escaped for their double-quoted export.
+- enroot 3.0 and later (doc/cmd/start.md, doc/configuration.md, conf/hooks): create, start with
+  --rc, --mount and --env, remove; the image reference by version (inside_job/imageref.py).
+- Pyxis 0.8 and later (README, args.c): srun --container-image, --container-mounts,
+  --container-workdir, --no-container-entrypoint.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import os
+import re
+import shlex
 import shutil
 
 from inside_job.errors import SetupFailed
+from inside_job.imageref import RUNTIMES, ImageError, is_local, local_kind
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from inside_job.prepare import Prepared
-    from inside_job.spec import TaskSpec
-
-RUNTIMES = ("charliecloud", "apptainer", "singularity", "enroot", "pyxis")
 JOB_MOUNT = "/klique/job"
 WORK_MOUNT = "/klique/work"
-CONTAINER_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-_GPU_VARIABLES = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")
+# Docker's default PATH: what an image without its own PATH runs with.
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# Under the image's own environment: only where the image sets nothing else.
+BASE_VARIABLES = {"PATH": DEFAULT_PATH, "HOME": "/tmp", "LANG": "C.UTF-8"}
+_SHELL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_BINARIES = {
+    "charliecloud": "ch-run",
+    "apptainer": "apptainer",
+    "singularity": "singularity",
+    "enroot": "enroot",
+    "pyxis": "srun",
+}
 
 
 def choose_runtime(image: str, configured: str | None) -> str:
@@ -27,34 +45,43 @@ def choose_runtime(image: str, configured: str | None) -> str:
         if configured not in RUNTIMES:
             raise SetupFailed(f"runtime {configured!r} is unknown (one of {', '.join(RUNTIMES)})")
         return configured
-    if os.path.isdir(image) or image.endswith(".sqfs"):
-        wanted: tuple[str, ...] = ("charliecloud",)
-    elif image.endswith(".sqsh"):
-        wanted = ("enroot",)
-    elif image.endswith(".sif"):
-        wanted = ("apptainer", "singularity")
-    else:
-        wanted = ("apptainer", "singularity", "enroot")
+    kind = local_kind(image) if is_local(image) else "registry"
+    wanted = {
+        "dir": ("charliecloud", "apptainer", "singularity"),
+        "sqfs": ("charliecloud",),
+        "sqsh": ("enroot",),
+        "sif": ("apptainer", "singularity"),
+        "registry": ("apptainer", "singularity", "enroot"),
+    }[kind]
     for runtime in wanted:
         if shutil.which(_BINARIES[runtime]):
             return runtime
     raise SetupFailed(f"no container runtime for {image} on this node (tried {', '.join(wanted)})")
 
 
-def inner_environment(spec: TaskSpec, host_env: dict[str, str], inner_cwd: str) -> dict[str, str]:
-    """The task's clean environment inside the image: its env, Klique's variables, its GPUs."""
-    env = {"PATH": CONTAINER_PATH, "HOME": "/tmp", "LANG": "C.UTF-8"}
-    env.update(spec.env)
-    env["KLIQUE_TASK_ID"] = spec.id
+def task_variables(
+    spec_env: dict[str, str], task_id: str, inner_cwd: str, gpu_env: dict[str, str]
+) -> dict[str, str]:
+    """What the task gets on top of the image's own environment: its env, then Klique's."""
+    env = dict(spec_env)
+    env["KLIQUE_TASK_ID"] = task_id
     env["KLIQUE_JOB_DIR"] = JOB_MOUNT
     env["PYTHONUNBUFFERED"] = "1"
     runner = f"{JOB_MOUNT}/klique-runner.pyz"
-    env["PYTHONPATH"] = f"{runner}:{spec.env['PYTHONPATH']}" if "PYTHONPATH" in spec.env else runner
+    env["PYTHONPATH"] = f"{runner}:{spec_env['PYTHONPATH']}" if "PYTHONPATH" in spec_env else runner
     env["PWD"] = inner_cwd
-    for name in _GPU_VARIABLES:
-        if name in host_env:
-            env[name] = host_env[name]
+    env.update(gpu_env)
     return env
+
+
+def check_names(env: dict[str, str], runtime: str) -> None:
+    """Runtimes that set variables through a shell take only shell names."""
+    for name in sorted(env):
+        if not _SHELL_NAME.fullmatch(name):
+            raise SetupFailed(
+                f"environment variable {name!r} cannot be passed into a {runtime} container "
+                "(a name is letters, digits and _, not starting with a digit); fix: rename it"
+            )
 
 
 def binds(job_dir: str, cwd: str) -> tuple[list[tuple[str, str]], str]:
@@ -70,73 +97,140 @@ def binds(job_dir: str, cwd: str) -> tuple[list[tuple[str, str]], str]:
 
 
 def charliecloud_argv(
-    image: str, command: list[str], env: dict[str, str], mounts: list[tuple[str, str]], cwd: str
+    image: str,
+    command: list[str],
+    env: dict[str, str],
+    mounts: list[tuple[str, str]],
+    cwd: str,
+    image_environment: bool,
 ) -> list[str]:
-    """ch-run with an emptied environment (--unset-env='*') and only the task's variables set."""
+    """ch-run from an emptied environment: Klique's defaults, then the image's /ch/environment
+    (a bare --set-env, where the image has one), then the task's variables.
+
+    ch-run strips one pair of single quotes around a --set-env value, so every value is wrapped
+    in one; --env-no-expand keeps `$NAME` items as they are.
+    """
     argv = ["ch-run", "--unset-env=*", "--env-no-expand"]
-    argv += [f"--set-env={name}={value}" for name, value in sorted(env.items())]
+    argv += [f"--set-env={name}='{value}'" for name, value in BASE_VARIABLES.items()]
+    if image_environment:
+        argv.append("--set-env")
+    argv += [f"--set-env={name}='{value}'" for name, value in sorted(env.items())]
     for host, inner in mounts:
         argv += ["-b", f"{host}:{inner}"]
     return [*argv, "-c", cwd, image, "--", *command]
 
 
 def apptainer_argv(
-    binary: str, sif: str, command: list[str], mounts: list[tuple[str, str]], cwd: str, gpus: bool
+    binary: str,
+    sif: str,
+    command: list[str],
+    mounts: list[tuple[str, str]],
+    cwd: str,
+    gpus: bool,
+    no_eval: bool,
 ) -> list[str]:
-    """apptainer|singularity exec --cleanenv; variables travel as APPTAINERENV_* (see below)."""
-    argv = [binary, "exec", "--cleanenv"] + (["--nv"] if gpus else [])
+    """apptainer|singularity exec --cleanenv [--no-eval]; variables travel as APPTAINERENV_*."""
+    argv = [binary, "exec", "--cleanenv"] + (["--no-eval"] if no_eval else [])
+    argv += ["--nv"] if gpus else []
     for host, inner in mounts:
         argv += ["--bind", f"{host}:{inner}"]
     return [*argv, "--pwd", cwd, sif, *command]
 
 
-def apptainer_environment(binary: str, env: dict[str, str]) -> dict[str, str]:
-    """Variables that reach the task through --cleanenv, verbatim (no quoting involved)."""
+def apptainer_environment(binary: str, env: dict[str, str], no_eval: bool) -> dict[str, str]:
+    """The task's variables as APPTAINERENV_* (SINGULARITYENV_* for singularity).
+
+    Apptainer writes each as `export NAME="VALUE"` with only `"` escaped, and sources it: without
+    --no-eval, `\\`, `$` and backquotes are escaped here so the evaluation gives the value back.
+    """
     prefix = "SINGULARITYENV_" if os.path.basename(binary) == "singularity" else "APPTAINERENV_"
-    return {prefix + name: value for name, value in env.items()}
+    if no_eval:
+        return {prefix + name: value for name, value in env.items()}
+    return {prefix + name: _escape_for_double_quotes(value) for name, value in env.items()}
+
+
+def _escape_for_double_quotes(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("$", "\\$").replace("`", "\\`")
+
+
+def apptainer_supports_no_eval(binary: str, version_text: str) -> bool:
+    """--no-eval: Apptainer 1.1+, SingularityCE 3.10+ (`singularity-ce version 3.10.0`)."""
+    from inside_job.imageref import parse_version
+
+    version = parse_version(version_text)
+    if version is None:
+        return False
+    if "apptainer" in version_text or os.path.basename(binary) == "apptainer":
+        return version >= (1, 1)
+    return version >= (3, 10)
 
 
 def apptainer_build_argv(binary: str, sif: str, image: str) -> list[str]:
     return [binary, "build", sif, image]
 
 
+def enroot_rc(env: dict[str, str], cwd: str) -> str:
+    """The command script that replaces the image's /etc/rc (`enroot start --rc`): it skips the
+    image's entrypoint as Pyxis does (`exec "$@"`), sets the task's variables byte for byte
+    (enroot's own --env goes through a line-based file), and enters the task's folder."""
+    lines = ["# Klique: run the task's command as it is, not through the image's entrypoint."]
+    for name, default in BASE_VARIABLES.items():
+        lines.append(f': "${{{name}:={default}}}"; export {name}')
+    lines += [f"export {name}={shlex.quote(value)}" for name, value in sorted(env.items())]
+    lines += [f"cd {shlex.quote(cwd)} || exit 125", 'exec "$@"', ""]
+    return "\n".join(lines)
+
+
 def enroot_argvs(
     sqsh: str,
     name: str,
+    rc: str,
     command: list[str],
-    env: dict[str, str],
     mounts: list[tuple[str, str]],
-    cwd: str,
+    nvidia_env: dict[str, str],
 ) -> tuple[list[str], list[str], list[str]]:
     """(create, start, remove) for one task's enroot container made from a squashfs image."""
-    create = ["enroot", "create", "--force", "--name", name, sqsh]
-    start = ["enroot", "start"]
+    create = ["enroot", "create", "--name", name, sqsh]
+    start = ["enroot", "start", "--rc", rc]
     for host, inner in mounts:
-        start += ["--mount", f"{host}:{inner}"]
-    start += [arg for item in sorted(env.items()) for arg in ("--env", "=".join(item))]
-    # enroot start has no working-directory option; the folder and argv pass as arguments.
-    start += [name, "/bin/sh", "-c", 'cd "$0" && exec "$@"', cwd, *command]
+        start += ["--mount", f"{host}:{inner}:none:x-create=dir,bind"]
+    start += [arg for item in sorted(nvidia_env.items()) for arg in ("--env", "=".join(item))]
+    start += [name, *command]
     return create, start, ["enroot", "remove", "--force", name]
+
+
+def enroot_launcher_env(host_env: dict[str, str], gpu_env: dict[str, str]) -> dict[str, str]:
+    """enroot's own environment. Its 98-nvidia.sh hook takes NVIDIA_* from here before the
+    container's, so the grant replaces the host's; ENROOT_RESTRICT_DEV keeps /dev to the devices
+    the hook adds; no login shell, whose /etc/profile would reset the image's PATH."""
+    env = {k: v for k, v in host_env.items() if not k.startswith("NVIDIA_")}
+    env.update({k: v for k, v in gpu_env.items() if k.startswith("NVIDIA_")})
+    env["ENROOT_RESTRICT_DEV"] = "y"
+    env["ENROOT_LOGIN_SHELL"] = "n"
+    return env
 
 
 def enroot_import_argv(sqsh: str, image: str) -> list[str]:
     return ["enroot", "import", "--output", sqsh, image]
 
 
-def pyxis_srun_prefix(image: str, job_dir: str, extra_mounts: tuple[str, ...] = ()) -> list[str]:
-    """The `srun` argv prefix for a batch template: the runner itself starts inside the image.
+def pyxis_srun_argv(image: str, job_dir: str) -> list[str]:
+    """The `srun` argv that starts the runner inside the image, for a Slurm batch template.
 
     The job directory keeps its path inside, so task.json needs no translation.
     """
-    mounts = [job_dir, *extra_mounts]
-    if any("," in m or ":" in m for m in mounts):
-        raise ValueError("Pyxis mounts cannot contain ',' or ':'")
+    if "," in job_dir or ":" in job_dir:
+        raise ImageError(
+            f"job folder {job_dir} holds ',' or ':', which Pyxis's --container-mounts cannot "
+            "carry; fix: choose a job_root without them"
+        )
     return [
         "srun",
         "--ntasks=1",
         f"--container-image={image}",
-        "--container-mounts=" + ",".join(f"{m}:{m}" for m in mounts),
+        f"--container-mounts={job_dir}:{job_dir}",
         f"--container-workdir={job_dir}",
+        "--no-container-entrypoint",
     ]
 
 
@@ -145,26 +239,3 @@ def cached_image_path(cache_dir: str, image: str, suffix: str) -> str:
     _, at, digest = image.partition("@sha256:")
     name = digest if at else hashlib.sha256(image.encode("utf-8")).hexdigest()
     return os.path.join(cache_dir, "images", f"{name[:32]}{suffix}")
-
-
-_BINARIES = {
-    "charliecloud": "ch-run",
-    "apptainer": "apptainer",
-    "singularity": "singularity",
-    "enroot": "enroot",
-    "pyxis": "srun",
-}
-
-
-def wrap(spec: TaskSpec, runtime: str, prepared: Prepared) -> None:
-    """Turn prepared's command into the runtime's launch command (pyxis needs none)."""
-    from inside_job import launch
-
-    if spec.requirements is not None or spec.requirements_file:
-        raise SetupFailed(
-            f"requirements with a {runtime} image are not supported: install them in the image"
-        )
-    launch.ensure_runner_archive(spec.job_dir)
-    mounts, inner_cwd = binds(spec.job_dir, prepared.cwd)
-    inner = inner_environment(spec, prepared.env, inner_cwd)
-    launch.LAUNCHERS[runtime](spec, prepared, mounts, inner, inner_cwd)

@@ -54,7 +54,7 @@ def provide(spec: TaskSpec, cwd: str, console: Console) -> Handle:
     uv = find_uv(spec.uv, console)
     source = envsource.from_spec(spec, cwd, uv)
     key = env_key(source.material, interpreter(), platform_tag(), spec.image)
-    envs = os.path.join(spec.cache_dir, "envs")
+    envs = os.path.join(spec.cache(), "envs")
     os.makedirs(envs, exist_ok=True)
     handle = acquire(envs, key, lambda path: build(path, source, uv, spec, console), console)
     if handle.built:

@@ -17,18 +17,56 @@ SCHEDULER_GPU_VARIABLES: dict[str, tuple[str, ...]] = {
     "pbs": ("CUDA_VISIBLE_DEVICES", "PBS_GPUFILE"),
     "lsf": ("CUDA_VISIBLE_DEVICES",),
 }
+# The host's own device numbers, where a scheduler names them apart from CUDA_VISIBLE_DEVICES
+# (which a device cgroup renumbers): what a runtime that picks devices by number must be given.
+SCHEDULER_HOST_GPU_VARIABLES: dict[str, tuple[str, ...]] = {
+    "slurm": ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS"),
+    "pbs": ("PBS_GPUFILE",),
+}
+# nvidia-container-toolkit's driver capabilities (NVIDIA_DRIVER_CAPABILITIES): "compute" brings
+# libcuda, "utility" nvidia-smi and NVML. Unset, enroot's 98-nvidia.sh hook injects "utility" only.
+DRIVER_CAPABILITIES = "compute,utility"
 
 # Values Slurm writes when a GRES has no device files: not a list of devices.
 _NOT_DEVICES = {"NoDevFiles", "none", "void"}
 
 
+class Grant:
+    """The granted GPUs: as the host numbers them, and as CUDA numbers them inside the job
+    (the same unless a device cgroup renumbered them)."""
+
+    def __init__(self, host: list[str], cuda: list[str]) -> None:
+        self.host = host
+        self.cuda = cuda
+
+    def __repr__(self) -> str:
+        return f"Grant(host={self.host!r}, cuda={self.cuda!r})"
+
+
 def granted(
     scheduler: str, task_gpus: list[str] | None, environ: dict[str, str]
 ) -> list[str] | None:
-    """The granted device ids; None when the scheduler says nothing (leave the variables alone)."""
+    """The granted device ids as CUDA numbers them in the job; None when the scheduler says
+    nothing (leave the variables alone)."""
+    found = grant(scheduler, task_gpus, environ)
+    return None if found is None else found.cuda
+
+
+def grant(scheduler: str, task_gpus: list[str] | None, environ: dict[str, str]) -> Grant | None:
+    """The granted GPUs in both numberings; None when the scheduler says nothing."""
     if task_gpus is not None:
-        return list(task_gpus)
-    for name in SCHEDULER_GPU_VARIABLES.get(scheduler, ()):
+        return Grant(list(task_gpus), list(task_gpus))
+    cuda = _first(SCHEDULER_GPU_VARIABLES.get(scheduler, ()), environ)
+    if cuda is None:
+        return None
+    host = _first(SCHEDULER_HOST_GPU_VARIABLES.get(scheduler, ()), environ)
+    if host is None or len(host) != len(cuda):
+        host = cuda
+    return Grant(host, cuda)
+
+
+def _first(names: tuple[str, ...], environ: dict[str, str]) -> list[str] | None:
+    for name in names:
         value = environ.get(name)
         if value is None or value.strip() in _NOT_DEVICES:
             continue
@@ -65,18 +103,28 @@ def _read_gpufile(path: str) -> list[str]:
     return ids
 
 
-def task_env(ids: list[str] | None, runtime: str | None) -> dict[str, str]:
-    """The variables that make the task see exactly its granted GPUs (none set when ids is None).
+def task_env(found: Grant | list[str] | None, runtime: str | None) -> dict[str, str]:
+    """The variables that make the task see exactly its granted GPUs.
 
-    enroot injects only the devices named in NVIDIA_VISIBLE_DEVICES, so inside it the granted
-    GPUs are renumbered from 0; the other runtimes show the host's devices under their host ids.
+    - No container, or Pyxis (the runner already runs inside it, with the job's /dev and
+      device cgroup): CUDA_VISIBLE_DEVICES as the scheduler numbers them; nothing when the
+      scheduler said nothing.
+    - Charliecloud, Apptainer, Singularity: the container shares the host's /dev (and the job's
+      device cgroup), so CUDA numbers GPUs as in the job; NVIDIA_VISIBLE_DEVICES names the host's.
+    - enroot: the runner sets ENROOT_RESTRICT_DEV, so /dev inside holds only the devices that
+      NVIDIA_VISIBLE_DEVICES (host numbers) names, and CUDA numbers them from 0.
+    A container task with no grant sees no GPU.
     """
-    if ids is None:
-        return {}
-    joined = ",".join(ids)
-    env = {"CUDA_VISIBLE_DEVICES": joined}
-    if runtime is not None:
-        env["NVIDIA_VISIBLE_DEVICES"] = joined or "none"
+    if isinstance(found, list):
+        found = Grant(found, found)
+    if runtime in (None, "pyxis"):
+        return {} if found is None else {"CUDA_VISIBLE_DEVICES": ",".join(found.cuda)}
+    found = found or Grant([], [])
+    env = {
+        "CUDA_VISIBLE_DEVICES": ",".join(found.cuda),
+        "NVIDIA_VISIBLE_DEVICES": ",".join(found.host) or "void",
+        "NVIDIA_DRIVER_CAPABILITIES": DRIVER_CAPABILITIES,
+    }
     if runtime == "enroot":
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(len(ids)))
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(len(found.host)))
     return env

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 from inside_job import gpus
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from typing import Callable
+
     from inside_job.jobfiles import Console
     from inside_job.locks import FileLock
     from inside_job.spec import TaskSpec
 
+# Set by the Slurm template on the srun that starts the runner inside a Pyxis container.
+PYXIS_MARKER = "KLIQUE_CONTAINER"
 # Where the inside_job package is importable from: the zipapp, or the folder holding the package.
 RUNNER_PATH = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -25,13 +30,10 @@ class Prepared:
         self.cwd = cwd
         self.env_lock: FileLock | None = None
         self.env_info: dict | None = None
-        self.cleanup: list[list[str]] = []  # commands to run once the task has ended
+        self.cleanup: list[Callable[[], None]] = []  # what to undo once the task has ended
 
 
 def prepare(spec: TaskSpec, console: Console) -> Prepared:
-    from inside_job.private import cache_root
-
-    spec.cache_dir = cache_root(spec.cache_setting)
     cwd = _code(spec, console)
     venv = None
     prepared = Prepared(list(spec.command), {}, cwd)
@@ -41,17 +43,47 @@ def prepare(spec: TaskSpec, console: Console) -> Prepared:
         handle = envbuild.provide(spec, cwd, console)
         venv, prepared.env_lock, prepared.env_info = handle.path, handle.lock, handle.report()
     runtime = _runtime(spec)
-    granted = gpus.granted(spec.scheduler, spec.gpus, dict(os.environ))
-    prepared.env = task_environment(spec, venv, granted, runtime)
+    grant = gpus.grant(spec.scheduler, spec.gpus, dict(os.environ))
+    if runtime == "pyxis":
+        _check_inside_pyxis(spec)
+    prepared.env = task_environment(spec, venv, grant, runtime)
     if runtime is not None and runtime != "pyxis":
-        from inside_job import container
+        from inside_job import launch
 
-        container.wrap(spec, runtime, prepared)
+        try:
+            launch.wrap(spec, runtime, prepared, console, grant)
+        except BaseException:
+            clean_up(prepared)
+            raise
     return prepared
 
 
+def clean_up(prepared: Prepared) -> None:
+    """Release the environment and undo what starting the container made, in order."""
+    if prepared.env_lock is not None:
+        prepared.env_lock.close()
+        prepared.env_lock = None
+    while prepared.cleanup:
+        undo = prepared.cleanup.pop(0)
+        with contextlib.suppress(Exception):  # one failed removal must not keep the others
+            undo()
+
+
+def _check_inside_pyxis(spec: TaskSpec) -> None:
+    """Pyxis starts the runner itself inside the image; a runner on the host must not run the
+    task there as if it were (templates/slurm/default.sh.j2 sets the marker on its srun)."""
+    if os.environ.get(PYXIS_MARKER) != "pyxis":
+        from inside_job.errors import SetupFailed
+
+        raise SetupFailed(
+            f"runtime pyxis, but the runner was not started inside the image {spec.image}: the "
+            "batch template must start it with `srun --container-image=...` "
+            f"and {PYXIS_MARKER}=pyxis (see templates/README.md)"
+        )
+
+
 def task_environment(
-    spec: TaskSpec, venv: str | None, granted: list[str] | None, runtime: str | None
+    spec: TaskSpec, venv: str | None, grant: gpus.Grant | None, runtime: str | None
 ) -> dict[str, str]:
     """The runner's environment, then the task's env, then what Klique guarantees."""
     env = dict(os.environ)
@@ -64,7 +96,7 @@ def task_environment(
     if venv is not None:
         env["VIRTUAL_ENV"] = venv
         env["PATH"] = _join_path(os.path.join(venv, "bin"), env.get("PATH", os.defpath))
-    env.update(gpus.task_env(granted, runtime))
+    env.update(gpus.task_env(grant, runtime))
     return env
 
 
@@ -73,7 +105,8 @@ def _code(spec: TaskSpec, console: Console) -> str:
         return spec.job_dir
     from inside_job import code
 
-    return code.materialise(spec.code, spec.job_dir, spec.cache_dir, console)
+    mirrors = spec.cache() if spec.code.workdir is None else ""
+    return code.materialise(spec.code, spec.job_dir, mirrors, console)
 
 
 def _runtime(spec: TaskSpec) -> str | None:

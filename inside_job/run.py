@@ -43,13 +43,13 @@ class Run:
 
                 self.reporter = Reporter(spec.report.url, spec.report.token, spec.id, self.job_dir)
             self.publish("setting_up")
-            from inside_job.prepare import prepare
+            from inside_job.prepare import clean_up, prepare
 
             prepared = prepare(spec, self.console)
             try:
                 return self._run_command(prepared)
             finally:
-                _clean_up(prepared)
+                clean_up(prepared)
         except SetupFailed as exc:
             self.console.say(f"setup failed: {exc.reason}")
             return outcome.result(exc.exit_code, "setup_failed", exc.reason)
@@ -80,16 +80,6 @@ class Run:
             self.reporter.close(final)
         self.console.close()
         return int(final["exit_code"])
-
-
-def _clean_up(prepared: Prepared) -> None:
-    if prepared.env_lock is not None:
-        prepared.env_lock.close()
-    if prepared.cleanup:
-        import subprocess
-
-        for argv in prepared.cleanup:
-            subprocess.run(argv, capture_output=True, check=False, stdin=subprocess.DEVNULL)
 
 
 def run(job_dir: str) -> int:

@@ -51,20 +51,29 @@ class TaskSpec:
         self.requirements_file: str | None = _opt_str(raw, "requirements_file")
         self.image: str | None = _opt_str(raw, "image")
         self.runtime: str | None = _opt_str(raw, "runtime")
+        self.container_scratch: str | None = _opt_str(raw, "container_scratch")
         self.gpus: list[str] | None = _gpus(raw.get("gpus"))
         report = raw.get("report")
         self.report: ReportSpec | None = (
             ReportSpec(_dict(report, "report")) if report is not None else None
         )
-        # The pool's cache_dir; prepare() turns it into this account's private cache folder.
-        self.cache_setting: str | None = _opt_str(raw, "cache_dir")
-        self.cache_dir: str = ""
+        self.cache_setting: str | None = _opt_str(raw, "cache_dir")  # the pool's cache_dir
+        self._cache: str | None = None
         self.uv: str | None = _opt_str(raw, "uv")
         self.package_cache: str | None = _opt_str(raw, "package_cache")
         self.env_cache_bytes: int | None = _opt_int(raw, "env_cache_bytes")
         self.compile: str = _opt_str(raw, "compile") or "background"
         if self.compile not in ("background", "build"):
             raise SpecError('compile: must be "background" or "build"')
+
+    def cache(self) -> str:
+        """This account's private cache folder, made on first use (never before it is needed:
+        inside a read-only image there may be nowhere to make it)."""
+        if self._cache is None:
+            from inside_job.private import cache_root
+
+            self._cache = cache_root(self.cache_setting)
+        return self._cache
 
 
 def load(job_dir: str) -> TaskSpec:

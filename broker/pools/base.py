@@ -212,6 +212,8 @@ class PoolDriver(ABC):
             "report": report,
             "cache_dir": self.pool.settings.get("cache_dir"),
             "uv": self.uv_path(task),
+            "runtime": self.pool.settings.get("container_runtime"),
+            "container_scratch": self.pool.settings.get("container_scratch"),
         }
 
 

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from broker.containers import container_fields
 from broker.domain import Pool, Profile, Task, TaskState
 from broker.errors import KliqueError, SubmitError, SubmitUnknown, TransportError
 from broker.pools.base import (
@@ -173,6 +174,7 @@ class BatchDriver(PoolDriver):
             "walltime_s": profile.walltime_s,
             "job_dir": job_dir,
             "python": self.python,
+            **container_fields(self.pool, task, job_dir),
         }
         name = template_name(self.kind, resource.name, self.pool.template)
         return render(name, context)

@@ -23,6 +23,10 @@ SHOW = [
 ]
 
 
+def _cuda_line(out: str) -> str:
+    return next(line for line in out.splitlines() if line.startswith("cuda="))
+
+
 @pytest.fixture(scope="module")
 def image(tmp_path_factory):
     dest = tmp_path_factory.mktemp("image") / "busybox"
@@ -39,7 +43,8 @@ def test_a_charliecloud_task_sees_only_its_granted_gpus(tmp_path, image):
     result = run_runner(job, CUDA_VISIBLE_DEVICES="0,1,2,3", HOST_ONLY_SECRET="leak")
     assert result.returncode == 0, console(job)
     out = console(job)
-    assert out.splitlines()[0] == "cuda=[1,3] nvidia=[1,3]"
+    assert _cuda_line(out) == "cuda=[1,3] nvidia=[1,3]"
+    assert "has no libcuda" in out and "ch-fromhost --nvidia" in out  # the site's prerequisite
     assert "HOST_ONLY_SECRET" not in out  # the environment is cleaned
     assert "MINE=kept $HOME" in out  # the task's own values arrive verbatim
     assert "KLIQUE_JOB_DIR=/klique/job" in out and "KLIQUE_TASK_ID=7" in out
@@ -50,7 +55,7 @@ def test_a_charliecloud_task_sees_only_its_granted_gpus(tmp_path, image):
 def test_a_charliecloud_task_under_slurm_sees_the_slurm_grant(tmp_path, image):
     job = make_job(tmp_path, command=SHOW, image=image, scheduler="slurm", gpus=None)
     run_runner(job, SLURM_JOB_GPUS="2", SLURM_STEP_GPUS="2")
-    assert console(job).splitlines()[0] == "cuda=[2] nvidia=[2]"
+    assert _cuda_line(console(job)) == "cuda=[2] nvidia=[2]"
 
 
 def test_a_charliecloud_task_writes_into_the_job_directory(tmp_path, image):

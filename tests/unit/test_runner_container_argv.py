@@ -8,20 +8,25 @@ import pytest
 
 from inside_job import container
 from inside_job.errors import SetupFailed
+from inside_job.imageref import ImageError
 
 MOUNTS = [("/jobs/7", "/klique/job"), ("/home/a/src", "/klique/work")]
 
 
-def test_charliecloud_starts_from_an_empty_environment():
+def test_charliecloud_keeps_the_images_environment_under_the_tasks():
     argv = container.charliecloud_argv(
-        "/img", ["python", "x.py"], {"B": "2", "A": "$1"}, MOUNTS, "/klique/work"
+        "/img", ["python", "x.py"], {"B": "2", "A": "'$1'"}, MOUNTS, "/klique/work", True
     )
     assert argv == [
         "ch-run",
         "--unset-env=*",
         "--env-no-expand",
-        "--set-env=A=$1",
-        "--set-env=B=2",
+        f"--set-env=PATH='{container.DEFAULT_PATH}'",
+        "--set-env=HOME='/tmp'",
+        "--set-env=LANG='C.UTF-8'",
+        "--set-env",  # the image's /ch/environment, over Klique's defaults
+        "--set-env=A=''$1''",  # ch-run strips one pair of quotes: the value arrives as it is
+        "--set-env=B='2'",
         "-b",
         "/jobs/7:/klique/job",
         "-b",
@@ -33,16 +38,19 @@ def test_charliecloud_starts_from_an_empty_environment():
         "python",
         "x.py",
     ]
+    without = container.charliecloud_argv("/img", ["true"], {}, [], "/", False)
+    assert "--set-env" not in without  # ch-run refuses a bare --set-env without the file
 
 
-def test_apptainer_exec_with_nv_cleanenv_and_binds():
+def test_apptainer_exec_with_nv_cleanenv_no_eval_and_binds():
     argv = container.apptainer_argv(
-        "apptainer", "/c/i.sif", ["nvidia-smi"], MOUNTS[:1], "/klique/job", gpus=True
+        "apptainer", "/c/i.sif", ["nvidia-smi"], MOUNTS[:1], "/klique/job", True, True
     )
     assert argv == [
         "apptainer",
         "exec",
         "--cleanenv",
+        "--no-eval",
         "--nv",
         "--bind",
         "/jobs/7:/klique/job",
@@ -51,15 +59,35 @@ def test_apptainer_exec_with_nv_cleanenv_and_binds():
         "/c/i.sif",
         "nvidia-smi",
     ]
-    no_gpu = container.apptainer_argv("singularity", "/i.sif", ["true"], [], "/", gpus=False)
-    assert "--nv" not in no_gpu and no_gpu[0] == "singularity"
+    old = container.apptainer_argv("singularity", "/i.sif", ["true"], [], "/", False, False)
+    assert "--nv" not in old and "--no-eval" not in old and old[0] == "singularity"
+
+
+@pytest.mark.parametrize(
+    ("binary", "version", "no_eval"),
+    [
+        ("apptainer", "apptainer version 1.0.3", False),
+        ("apptainer", "apptainer version 1.1.0", True),
+        ("apptainer", "apptainer version 1.3.4", True),
+        ("singularity", "singularity-ce version 3.9.9", False),
+        ("singularity", "singularity-ce version 3.10.0", True),
+        ("singularity", "singularity version 3.8.7", False),
+        ("singularity", "apptainer version 1.2.5", True),  # Apptainer's singularity link
+        ("apptainer", "garbled", False),
+    ],
+)
+def test_no_eval_follows_the_version(binary, version, no_eval):
+    assert container.apptainer_supports_no_eval(binary, version) is no_eval
 
 
 def test_apptainer_variables_pass_through_cleanenv_by_prefix():
-    assert container.apptainer_environment("/usr/bin/apptainer", {"A": "1, 2"}) == {
-        "APPTAINERENV_A": "1, 2"
+    value = 'a "$HOME" `id` \\ $(x)'
+    assert container.apptainer_environment("/usr/bin/apptainer", {"A": value}, True) == {
+        "APPTAINERENV_A": value
     }
-    assert container.apptainer_environment("singularity", {"A": "x"}) == {"SINGULARITYENV_A": "x"}
+    # Without --no-eval Apptainer evaluates `export A="..."`: escaped so it gives value back.
+    escaped = container.apptainer_environment("singularity", {"A": value}, False)
+    assert escaped == {"SINGULARITYENV_A": 'a "\\$HOME" \\`id\\` \\\\ \\$(x)'}
 
 
 def test_apptainer_converts_an_image_to_sif():
@@ -71,48 +99,65 @@ def test_apptainer_converts_an_image_to_sif():
     ]
 
 
-def test_enroot_create_start_and_remove():
+def test_enroot_create_start_with_its_own_rc_and_remove():
     create, start, remove = container.enroot_argvs(
-        "/c/x.sqsh", "klique-7", ["python", "x.py"], {"A": "1"}, MOUNTS[:1], "/klique/job"
+        "/c/x.sqsh",
+        "klique-7",
+        "/s/rc",
+        ["python", "x.py"],
+        MOUNTS[:1],
+        {"NVIDIA_VISIBLE_DEVICES": "2,3"},
     )
-    assert create == ["enroot", "create", "--force", "--name", "klique-7", "/c/x.sqsh"]
+    assert create == ["enroot", "create", "--name", "klique-7", "/c/x.sqsh"]
     assert start == [
         "enroot",
         "start",
+        "--rc",
+        "/s/rc",
         "--mount",
-        "/jobs/7:/klique/job",
+        "/jobs/7:/klique/job:none:x-create=dir,bind",
         "--env",
-        "A=1",
+        "NVIDIA_VISIBLE_DEVICES=2,3",
         "klique-7",
-        "/bin/sh",
-        "-c",
-        'cd "$0" && exec "$@"',
-        "/klique/job",
         "python",
         "x.py",
     ]
     assert remove == ["enroot", "remove", "--force", "klique-7"]
-    assert container.enroot_import_argv("/c/x.sqsh", "docker://ubuntu") == [
-        "enroot",
-        "import",
-        "--output",
-        "/c/x.sqsh",
-        "docker://ubuntu",
-    ]
 
 
-def test_pyxis_prefix_for_the_batch_template():
-    assert container.pyxis_srun_prefix(
-        "nvcr.io#nvidia/pytorch:24.01-py3", "/jobs/7", ("/scratch/cache",)
-    ) == [
+def test_enroots_rc_skips_the_entrypoint_and_quotes_every_value():
+    rc = container.enroot_rc({"A": "it's $(x)\nB=1"}, "/klique/job")
+    assert "export A='it'\"'\"'s $(x)\nB=1'" in rc
+    assert rc.rstrip().endswith('cd /klique/job || exit 125\nexec "$@"')
+    assert "/etc/rc" not in rc.replace("# Klique", "")
+
+
+def test_enroot_gets_the_grant_not_the_hosts_nvidia_settings():
+    host = {"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_DRIVER_CAPABILITIES": "utility", "X": "1"}
+    gpu = {"NVIDIA_VISIBLE_DEVICES": "2,3", "NVIDIA_DRIVER_CAPABILITIES": "compute,utility"}
+    env = container.enroot_launcher_env(host, dict(gpu, CUDA_VISIBLE_DEVICES="0,1"))
+    assert {k: v for k, v in env.items() if k.startswith("NVIDIA_")} == gpu
+    assert env["ENROOT_RESTRICT_DEV"] == "y" and env["ENROOT_LOGIN_SHELL"] == "n"
+    assert env["X"] == "1" and "CUDA_VISIBLE_DEVICES" not in env
+
+
+def test_names_a_shell_cannot_set_are_refused():
+    container.check_names({"OK_1": "x"}, "enroot")
+    with pytest.raises(SetupFailed, match="'A-B' cannot be passed into a enroot"):
+        container.check_names({"A-B": "x"}, "enroot")
+
+
+def test_pyxis_srun_for_the_batch_template():
+    assert container.pyxis_srun_argv("nvcr.io#nvidia/pytorch:24.01-py3", "/jobs/7") == [
         "srun",
         "--ntasks=1",
         "--container-image=nvcr.io#nvidia/pytorch:24.01-py3",
-        "--container-mounts=/jobs/7:/jobs/7,/scratch/cache:/scratch/cache",
+        "--container-mounts=/jobs/7:/jobs/7",
         "--container-workdir=/jobs/7",
+        "--no-container-entrypoint",
     ]
-    with pytest.raises(ValueError):
-        container.pyxis_srun_prefix("img", "/jobs/a,b")
+    with pytest.raises(ImageError):
+        container.pyxis_srun_argv("img", "/jobs/a,b")
 
 
 def test_binds_map_the_code_folder_inside_or_outside_the_job():

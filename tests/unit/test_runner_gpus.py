@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from inside_job.gpus import granted, parse_id_list, task_env
+from inside_job.gpus import grant, granted, parse_id_list, task_env
 
 
 def test_the_host_pools_assignment_wins_over_the_environment():
@@ -49,15 +49,31 @@ def test_id_lists_expand_ranges_and_keep_uuids():
 
 def test_task_variables_per_runtime():
     assert task_env(["1", "3"], None) == {"CUDA_VISIBLE_DEVICES": "1,3"}
+    caps = {"NVIDIA_DRIVER_CAPABILITIES": "compute,utility"}
     assert task_env(["1", "3"], "charliecloud") == {
         "CUDA_VISIBLE_DEVICES": "1,3",
         "NVIDIA_VISIBLE_DEVICES": "1,3",
+        **caps,
     }
+    # enroot restricts /dev to the grant: CUDA numbers the two it sees from 0
     assert task_env(["1", "3"], "enroot") == {
         "CUDA_VISIBLE_DEVICES": "0,1",
         "NVIDIA_VISIBLE_DEVICES": "1,3",
+        **caps,
     }
     assert task_env([], "apptainer") == {
         "CUDA_VISIBLE_DEVICES": "",
-        "NVIDIA_VISIBLE_DEVICES": "none",
+        "NVIDIA_VISIBLE_DEVICES": "void",
+        **caps,
     }
+    assert task_env(None, "enroot")["NVIDIA_VISIBLE_DEVICES"] == "void"
+
+
+def test_a_device_cgroup_renumbers_cuda_but_runtimes_get_the_hosts_numbers():
+    # Slurm with ConstrainDevices: CUDA_VISIBLE_DEVICES is relative, SLURM_JOB_GPUS global.
+    env = {"CUDA_VISIBLE_DEVICES": "0,1", "SLURM_JOB_GPUS": "2,3"}
+    found = grant("slurm", None, env)
+    assert (found.host, found.cuda) == (["2", "3"], ["0", "1"])
+    assert task_env(found, "apptainer")["CUDA_VISIBLE_DEVICES"] == "0,1"
+    assert task_env(found, "enroot")["NVIDIA_VISIBLE_DEVICES"] == "2,3"
+    assert task_env(found, "pyxis") == {"CUDA_VISIBLE_DEVICES": "0,1"}

@@ -90,3 +90,39 @@ def test_a_template_error_names_the_file_and_line(tmp_path):
     with pytest.raises(TemplateError) as err:
         render("slurm/broken.sh.j2", {}, root=tmp_path)
     assert "broken.sh.j2:2:" in str(err.value)
+
+
+def _pyxis_estate():
+    text = (ROOT / "examples" / "estate.yaml").read_text()
+    text = text.replace("# container_runtime: pyxis", "container_runtime: pyxis")
+    return parse_estate(text, "e.yaml")
+
+
+def test_a_pyxis_pool_starts_the_runner_inside_the_image():
+    script = script_for(_pyxis_estate(), image="nvcr.io/nvidia/pytorch:24.01-py3")
+    job = "/tmp/klique-jobs/klique-0"
+    assert (
+        f"KLIQUE_CONTAINER=pyxis exec srun --ntasks=1 '--container-image=nvcr.io#nvidia/pytorch:"
+        f"24.01-py3' --container-mounts={job}:{job} --container-workdir={job} "
+        f"--no-container-entrypoint python3 {job}/klique-runner.pyz {job}"
+    ) in script
+    assert 'export NVIDIA_VISIBLE_DEVICES="${SLURM_JOB_GPUS:-void}"' in script
+    assert f"exec python3 {job}/klique-runner.pyz" not in script  # never on the host as well
+    assert "srun" not in script_for(_pyxis_estate())  # a task without an image runs as before
+
+
+@pytest.mark.parametrize("bad", ["nvcr.io/x:$(id)", "a b", "img;reboot", "Img:1"])
+def test_an_image_a_script_cannot_carry_is_refused(bad):
+    from broker.errors import SubmitError
+
+    with pytest.raises(SubmitError, match="not a valid reference"):
+        script_for(_pyxis_estate(), image=bad)
+
+
+def test_pyxis_on_a_pool_that_is_not_slurm_is_an_estate_error():
+    from broker.errors import EstateError
+
+    text = (ROOT / "examples" / "estate.yaml").read_text()
+    text = text.replace("kind: host", "kind: host\n    container_runtime: pyxis", 1)
+    with pytest.raises(EstateError, match="pyxis is a Slurm plugin"):
+        parse_estate(text, "e.yaml")
