@@ -108,7 +108,10 @@ HOSTILE = [
 
 
 def estate(
-    scheduler: str, job_root: Any, endpoint: SSHLogin | None, pool: Mapping[str, Any]
+    scheduler: str,
+    job_root: Any,
+    endpoint: SSHLogin | None,
+    pool: Mapping[str, Any] | None = None,
 ) -> str:
     return f"""
 teams:
@@ -124,7 +127,7 @@ resources:
   huge:
     profile: {{gpus: 9, cpus: 1, memory: 100M, walltime: 10m, pools: [batch]}}
 pools:
-{pool_yaml(scheduler, job_root, endpoint, **pool)}"""
+{pool_yaml(scheduler, job_root, endpoint, **(pool or {}))}"""
 
 
 @dataclass
