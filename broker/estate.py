@@ -115,6 +115,8 @@ class PoolFile(_Strict):
     lost_after: Seconds = 120
     accounting: Literal["none", "slurmdbd", "jobcomp"] = "none"
     query_account: str | None = None
+    status_per_account: bool | None = None  # unset: one query, per account if others are hidden
+    bjobs_json: bool = True  # LSF before 10.1 Fix Pack 2 has no `bjobs -json`: set false
     requeue_preempted: bool = False
     submit_concurrency: int = Field(8, ge=1, le=64)  # submissions in flight at once
     # Where and with what the runner runs on the nodes.

@@ -9,6 +9,11 @@ import time
 from inside_job.jobfiles import PREEMPTED_MARKER
 
 TERMINATED_REASON = "terminated by SIGTERM (cancelled, preempted or out of walltime)"
+# The signal a scheduler sends at the run limit, long before it kills the job: LSF sends
+# SIGUSR2 and kills ten minutes later (bsub -W). Once it arrives the task has run past its
+# walltime, however it ends afterwards.
+RUN_LIMIT_WARNING = {"lsf": signal.SIGUSR2}
+RUN_LIMIT_REASON = "ran past its walltime (LSF's run limit sent SIGUSR2)"
 
 
 def signal_name(signum: int) -> str:
@@ -29,8 +34,11 @@ def result(exit_code: int, outcome: str, reason: str, signum: int | None = None)
     return {"exit_code": exit_code, "outcome": outcome, "reason": reason, "signal": signum}
 
 
-def stopped(signum: int, exit_code: int, job_dir: str) -> dict:
-    """The task was ended by a signal sent to the runner (SIGTERM from the scheduler, SIGINT)."""
+def stopped(signum: int, exit_code: int, job_dir: str, run_limit: int | None = None) -> dict:
+    """The task was ended by a signal sent to the runner (SIGTERM from the scheduler, SIGINT,
+    or the scheduler's run-limit warning where it has one)."""
+    if signum == run_limit:
+        return result(exit_code, "timeout", RUN_LIMIT_REASON, signum)
     if signum == signal.SIGTERM:
         if preempted(job_dir):
             return result(exit_code, "preempted", "preempted by the scheduler (SIGTERM)", signum)
@@ -38,7 +46,9 @@ def stopped(signum: int, exit_code: int, job_dir: str) -> dict:
     return result(exit_code, "signalled", f"interrupted by {signal_name(signum)}", signum)
 
 
-def classify(wait_status: int, stop_signal: int | None, job_dir: str) -> dict:
+def classify(
+    wait_status: int, stop_signal: int | None, job_dir: str, run_limit: int | None = None
+) -> dict:
     """Turn a raw wait status into exit.json fields; the exit code follows the shell (128+N)."""
     if os.WIFSIGNALED(wait_status):
         signum = os.WTERMSIG(wait_status)
@@ -47,7 +57,7 @@ def classify(wait_status: int, stop_signal: int | None, job_dir: str) -> dict:
         signum = None
         exit_code = os.WEXITSTATUS(wait_status)
     if stop_signal is not None:
-        return stopped(stop_signal, exit_code, job_dir)
+        return stopped(stop_signal, exit_code, job_dir, run_limit)
     if signum is not None:
         hint = " (out of memory, or killed by the scheduler)" if signum == signal.SIGKILL else ""
         return result(exit_code, "signalled", f"killed by {signal_name(signum)}{hint}", signum)

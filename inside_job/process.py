@@ -28,12 +28,15 @@ class Terminated(Exception):
 
 
 class SignalForwarder:
-    """Catches the forwarded signals from the start; before the task runs, they abort setup."""
+    """Catches the forwarded signals from the start; before the task runs, they abort setup.
+    `stops` are the signals that end the run (the scheduler's warning joins them where it has
+    one: LSF's run limit); each calls on_stop."""
 
     def __init__(self, on_stop: Callable[[int], None] | None = None) -> None:
         self.pgid: int | None = None
         self.received: list[int] = []
         self.on_stop = on_stop
+        self.stops: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT)
         for signum in FORWARDED:
             signal.signal(signum, self._handle)
 
@@ -46,13 +49,13 @@ class SignalForwarder:
             raise Terminated(signum)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.pgid, signum)
-        if self.on_stop is not None and signum in (signal.SIGTERM, signal.SIGINT):
+        if self.on_stop is not None and signum in self.stops:
             self.on_stop(signum)
 
     def stop_signal(self) -> int | None:
-        """The first SIGTERM or SIGINT received, if any."""
+        """The first of the stop signals received, if any."""
         for signum in self.received:
-            if signum in (signal.SIGTERM, signal.SIGINT):
+            if signum in self.stops:
                 return signum
         return None
 

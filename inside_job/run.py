@@ -25,6 +25,7 @@ class Run:
         self.reporter: Reporter | None = None
         self.started: float | None = None
         self.forwarder = process.SignalForwarder(on_stop=self._on_stop)
+        self.run_limit: int | None = None  # the scheduler's run-limit warning, once known
 
     def publish(self, state: str, pid: int | None = None) -> None:
         status = jobfiles.status(state, pid)
@@ -38,6 +39,7 @@ class Run:
             from inside_job import spec as task_spec
 
             spec = task_spec.load(self.job_dir)
+            self._expect_run_limit(spec.scheduler)
             if spec.report is not None:
                 from inside_job.reporter import Reporter
 
@@ -54,7 +56,13 @@ class Run:
             self.console.say(f"setup failed: {exc.reason}")
             return outcome.result(exc.exit_code, "setup_failed", exc.reason)
         except process.Terminated as exc:
-            return outcome.stopped(exc.signum, 128 + exc.signum, self.job_dir)
+            return outcome.stopped(exc.signum, 128 + exc.signum, self.job_dir, self.run_limit)
+
+    def _expect_run_limit(self, scheduler: str) -> None:
+        """Where the scheduler warns at the run limit, that signal ends the run as timed out."""
+        self.run_limit = outcome.RUN_LIMIT_WARNING.get(scheduler)
+        if self.run_limit is not None:
+            self.forwarder.stops += (self.run_limit,)
 
     def _run_command(self, prepared: Prepared) -> dict:
         fd = self.console.fd
@@ -62,14 +70,17 @@ class Run:
         self.started = time.time()
         self.publish("running", pid)
         wait_status = process.wait(pid)
-        res = outcome.classify(wait_status, self.forwarder.stop_signal(), self.job_dir)
+        stop = self.forwarder.stop_signal()
+        res = outcome.classify(wait_status, stop, self.job_dir, self.run_limit)
         if prepared.env_info is not None:
             res["environment"] = prepared.env_info
         return res
 
     def _on_stop(self, signum: int) -> None:
-        # Written now in case the scheduler kills the runner before the task has ended.
-        res = outcome.stopped(signum, 128 + signum, self.job_dir)
+        # Written now in case the scheduler kills the runner before the task has ended; the
+        # first stop decides (a run-limit warning, then the kill after its grace).
+        first = self.forwarder.stop_signal() or signum
+        res = outcome.stopped(first, 128 + first, self.job_dir, self.run_limit)
         jobfiles.write_exit(self.job_dir, outcome.stamp(res, self.started))
 
     def finish(self, res: dict) -> int:
@@ -93,7 +104,7 @@ def run(job_dir: str) -> int:
     try:
         res = current.execute()
     except process.Terminated as exc:
-        res = outcome.stopped(exc.signum, 128 + exc.signum, job_dir)
+        res = outcome.stopped(exc.signum, 128 + exc.signum, job_dir, current.run_limit)
     for signum in process.FORWARDED:  # the task is over: nothing may cut the exit file short
         signal.signal(signum, signal.SIG_IGN)
     return current.finish(res)

@@ -9,7 +9,7 @@ import shutil
 import socket
 import subprocess
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,8 +28,14 @@ PROGRAMS = {
 }
 STATUS_PROGRAM = {"slurm": "squeue", "pbspro": "qstat", "torque": "qstat", "lsf": "bjobs"}
 KIND = {"slurm": "slurm", "pbspro": "pbs", "torque": "pbs", "lsf": "lsf"}
-# Simulator settings for quick tests: short kill delays, and an LSF minute (bsub -W) of 3 s.
-SIM_SETTINGS = {"KLIQUE_SIM_KILL_DELAY": "1", "KLIQUE_SIM_LSF_MINUTE": "3"}
+# Simulator settings for quick tests: short kill delays, an LSF minute (bsub -W) of 3 s and
+# LSF's grace after the run-limit warning shortened from ten minutes to 3 s. Every other
+# server setting keeps the vendor's default unless a test names it.
+SIM_SETTINGS = {
+    "KLIQUE_SIM_KILL_DELAY": "1",
+    "KLIQUE_SIM_LSF_MINUTE": "3",
+    "KLIQUE_SIM_LSF_RUNLIMIT_GRACE": "3",
+}
 
 
 def shared_folder(prefix: str) -> Path:
@@ -47,10 +53,15 @@ def open_folder(path: Path) -> Path:
 
 
 def login_node(
-    folder: Path, scheduler: str, sim_dir: Path | None, count_file: Path | None = None
+    folder: Path,
+    scheduler: str,
+    sim_dir: Path | None,
+    count_file: Path | None = None,
+    settings: Mapping[str, str] | None = None,
 ) -> Path:
-    """A bin folder with the scheduler's commands: simulators bound to `sim_dir`, or the real
-    Slurm ones; with `count_file`, each status command first appends its arguments there."""
+    """A bin folder with the scheduler's commands: simulators bound to `sim_dir` (with the
+    server `settings` named, the vendor's defaults otherwise), or the real Slurm ones; with
+    `count_file`, each status command first appends its arguments there."""
     bin_dir = folder / "bin"
     bin_dir.mkdir(parents=True, exist_ok=True)
     bin_dir.chmod(0o755)
@@ -65,8 +76,8 @@ def login_node(
             target = str(FAKES / scheduler / program)
         lines = ["#!/bin/sh"]
         if sim_dir is not None:
-            settings = {"KLIQUE_SIM_DIR": str(sim_dir), **SIM_SETTINGS}
-            lines += [f"export {k}='{v}'" for k, v in settings.items()]
+            named = {"KLIQUE_SIM_DIR": str(sim_dir), **SIM_SETTINGS, **(settings or {})}
+            lines += [f"export {k}='{v}'" for k, v in named.items()]
         if count_file is not None and program == STATUS_PROGRAM[scheduler]:
             lines.append(f"echo \"$*\" >>'{count_file}'")
         lines.append(f"exec '{target}' \"$@\"")

@@ -34,9 +34,10 @@ class Observation:
     job_dir: str | None = None
 
 
-# Outcomes that only the runner knows: the task itself ended. Any other ending (a signal)
-# is the scheduler's to name: walltime, cancel, node failure.
-RUNNER_OUTCOMES = ("completed", "failed", "setup_failed")
+# Outcomes that only the runner knows: the task itself ended, or (`timeout`) the scheduler's
+# run-limit warning reached it (LSF's SIGUSR2), however the task ended after it. Any other
+# ending (a signal) is the scheduler's to name: walltime, cancel, node failure.
+RUNNER_OUTCOMES = ("completed", "failed", "setup_failed", "timeout")
 PREEMPTED_MARKER = "preempted"  # docs/job-directory.md: the runner reports `preempted`
 
 

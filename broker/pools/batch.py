@@ -5,6 +5,7 @@ account, tags, polls with one query per cycle, reads exit files and reconciles.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import random
@@ -46,6 +47,12 @@ class NativeStatus:
     reason: str = ""
     exit_code: int | None = None
     script: str = ""  # the submitted script's path, where the status command shows it
+    problem: str = ""  # the job's record could not be read: why (it waits for the next cycle)
+
+
+def unreadable(native_id: str, problem: str) -> NativeStatus:
+    """A job the status command listed but whose record could not be read this time."""
+    return NativeStatus(native_id, "", "", problem=problem)
 
 
 @dataclass(frozen=True)
@@ -65,6 +72,9 @@ class BatchDriver(PoolDriver):
     # Native end states that only say the job script ended by itself (any exit, a signal):
     # without the runner's exit file they tell nothing of how the task ended.
     SELF_ENDED: ClassVar[frozenset[str]] = frozenset()
+    # Status errors that mean the scheduler shows each account only its own jobs: status then
+    # runs one query per mapped account, as that account (the pool's `status_per_account`).
+    OTHERS_HIDDEN: ClassVar[re.Pattern[str] | None] = None
 
     def __init__(self, pool: Pool, context: Context, transport: Transport | None = None) -> None:
         super().__init__(pool, context)
@@ -83,6 +93,10 @@ class BatchDriver(PoolDriver):
         self._submit_paused_until = 0.0
         self._submit_error = ""
         self.status_calls = 0
+        per_account = pool.settings.get("status_per_account")
+        self._per_account = bool(per_account)
+        self._detect_per_account = per_account is None
+        self._problems_seen: set[tuple[str, str]] = set()
         self._runner: bytes | None = None
 
     # Hooks a scheduler module supplies.
@@ -110,6 +124,11 @@ class BatchDriver(PoolDriver):
         schedulers exit non-zero when a named job has left, or when there is nothing to show)."""
         return False
 
+    def status_again(self, argv: Sequence[str], done: Completed) -> bool:
+        """Whether the answer taught the driver to ask differently (a server setting it could
+        not know before): the query then runs again at once, with the new argv."""
+        return False
+
     @abstractmethod
     def cancel_argv(self, native_id: str) -> list[str]: ...
 
@@ -129,6 +148,16 @@ class BatchDriver(PoolDriver):
 
     def parse_history(self, stdout: str) -> list[NativeStatus]:
         return []
+
+    def ending_note(self, job_dir: str) -> str | None:
+        """A file in the job directory where the scheduler notes why it ended a job (its own
+        lines in the job's output), read when the job left the queue and the exit file names
+        only a signal (None: there is none)."""
+        return None
+
+    def parse_ending_note(self, text: str) -> str | None:
+        """The native end state the note names (a walltime kill), or None."""
+        return None
 
     # The flow.
 
@@ -276,12 +305,42 @@ class BatchDriver(PoolDriver):
         return self.pool.user_map.account_for(task.owner)
 
     async def _status(self, accounts: Sequence[str]) -> list[NativeStatus]:
+        """One query for the pool, or one per account where the scheduler hides the jobs of
+        other users; their listings are merged."""
+        if not self._per_account:
+            done = await self._query(accounts, self.query_account())
+            if not self._others_hidden(done):
+                return self._listing(done)
+        answers = await asyncio.gather(*(self._query([a], a) for a in accounts))
+        return [status for done in answers for status in self._listing(done)]
+
+    async def _query(self, accounts: Sequence[str], account: str) -> Completed:
+        argv = self.status_argv(accounts)
+        done = await self._run_status(argv, account)
+        if self.status_again(argv, done):
+            done = await self._run_status(self.status_argv(accounts), account)
+        return done
+
+    async def _run_status(self, argv: Sequence[str], account: str) -> Completed:
         self.status_calls += 1
-        done = await self.transport.run(
-            self.status_argv(accounts),
-            account=self.query_account(),
-            timeout=max(30.0, self.interval_s),
+        return await self.transport.run(argv, account=account, timeout=max(30.0, self.interval_s))
+
+    def _others_hidden(self, done: Completed) -> bool:
+        """The scheduler refused to show other accounts' jobs: ask per account from now on."""
+        hidden = self.OTHERS_HIDDEN
+        if not (self._detect_per_account and hidden and hidden.search(done.stderr)):
+            return False
+        self._per_account = True
+        log.warning(
+            "pool %s: %s shows each account only its own jobs (%s); status now runs one query "
+            "per mapped account. Set `status_per_account: true` on the pool to skip this check",
+            self.pool.name,
+            self.kind,
+            done.stderr.strip().splitlines()[0],
         )
+        return True
+
+    def _listing(self, done: Completed) -> list[NativeStatus]:
         if done.returncode != 0 and not self.status_listed(done):
             raise TransportError(done.stderr.strip() or f"exit {done.returncode}")
         return self.parse_status(done.stdout)
@@ -308,6 +367,9 @@ class BatchDriver(PoolDriver):
             if status is None:
                 gone.append(task)
                 continue
+            if status.problem:
+                self._note_problem(status)
+                continue
             seen = await self._from_status(task, status)
             if seen is not None and seen.state != task.state:
                 news[task.id] = seen
@@ -331,6 +393,18 @@ class BatchDriver(PoolDriver):
             "no job carries its tag after a submission whose "
             "outcome was unknown; submitting it again",
         )
+
+    def _note_problem(self, status: NativeStatus) -> None:
+        """An unreadable record: logged once; the job is left alone until it reads again."""
+        if (status.native_id, status.problem) not in self._problems_seen:
+            self._problems_seen.add((status.native_id, status.problem))
+            log.warning(
+                "pool %s: the status of job %s could not be read (%s); it is left as it was "
+                "until its record reads again",
+                self.pool.name,
+                status.native_id,
+                status.problem,
+            )
 
     def _note_strangers(self, tasks: Sequence[Task]) -> None:
         """Jobs with Klique's tag that Klique does not know: reported, never cancelled."""
@@ -428,7 +502,7 @@ class BatchDriver(PoolDriver):
             doc = await self._exit_file(task)
             if doc is not None:
                 self._missing_since.pop(task.id, None)
-                news[task.id] = observation_from_exit(doc)
+                news[task.id] = await self._from_exit(task, doc)
             else:
                 unsettled.append(task)
         history = await self._history([t.native_id for t in unsettled if t.native_id])
@@ -450,6 +524,19 @@ class BatchDriver(PoolDriver):
                     f"record for {self.lost_after_s:g} s (killed hard, or its node failed)",
                 )
         return news
+
+    async def _from_exit(self, task: Task, doc: Mapping[str, Any]) -> Observation:
+        """A job that left the queue: the exit file decides; where it names only a signal, the
+        scheduler's note in the job's output may still say why it ended (walltime)."""
+        note = self.ending_note(task.job_dir) if task.job_dir else None
+        if doc.get("outcome") in RUNNER_OUTCOMES or note is None:
+            return observation_from_exit(doc)
+        data = await self.transport.read_file(note, account=self._account_or_none(task))
+        state = self.parse_ending_note(data.decode(errors="replace")) if data else None
+        if state is None:
+            return observation_from_exit(doc)
+        seen = self._final(task, NativeStatus(task.native_id or "", task.tag, state), doc)
+        return seen or observation_from_exit(doc)
 
     async def _history(self, native_ids: Sequence[str]) -> dict[str, NativeStatus]:
         argv = self.history_argv(native_ids) if native_ids else None

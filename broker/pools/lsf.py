@@ -1,5 +1,6 @@
 """IBM Spectrum LSF: `bsub < job.sh`, one `bjobs -a -o ... -json` per cycle for the pool's
-accounts, bkill. An EXIT is told apart by its termination reason; the exit file decides."""
+accounts (`-o "... delimiter='^'"` text where LSF predates `-json`), bkill. An EXIT is told
+apart by its termination reason; the exit file decides."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any
 
 from broker.domain import Profile, Task, TaskState
 from broker.errors import SubmitError, TransportError
-from broker.pools.batch import BatchDriver, NativeStatus
+from broker.pools.batch import BatchDriver, NativeStatus, unreadable
 from broker.transport import Completed
 
 # IBM Spectrum LSF 10.1 Command Reference, bjobs, "Job states" (the STAT field).
@@ -82,7 +83,15 @@ LSF_REASONS: dict[str, str] = {
 
 # bjobs -o fields; -json prints each as a string, "" where the table shows "-".
 _FIELDS = "jobid stat user job_name exit_code exit_reason pend_reason suspend_reason"
+# Without -json (LSF before 10.1 Fix Pack 2), the same fields as text, one job a line, split
+# on a character no field of Klique's jobs holds (bjobs -o "... delimiter='c'").
+_DELIMITER = "^"
 _SUBMITTED = re.compile(r"Job <(\d+)> is submitted")
+# bjobs with nothing to show: "No unfinished job found", "No job found" (bjobs(1); with
+# LSB_BJOBS_CONSISTENT_EXIT_CODE=Y it exits 255, by default 0).
+_NOTHING_FOUND = re.compile(r"^No (\w+ )?job found")
+# A bjobs that does not know an option it was given answers with its usage.
+_OPTION_REFUSED = re.compile(r"illegal option|invalid option|unknown option|^Usage:", re.I | re.M)
 # bsub reads '#BSUB' lines only from a script on its standard input (or with
 # LSB_BSUB_PARSE_SCRIPT=Y); the script's path reaches the shell as data, never as text.
 _SUBMIT = 'exec bsub < "$1"'
@@ -119,21 +128,36 @@ class LsfDriver(BatchDriver):
     def parse_submit(self, stdout: str) -> str:
         return parse_bsub(stdout)
 
+    @property
+    def json(self) -> bool:
+        return self.pool.settings.get("bjobs_json", True) is not False
+
     def status_argv(self, accounts: Sequence[str]) -> list[str]:
         # -u takes one user name or "all"; jobs of accounts outside the pool are ignored.
         user = accounts[0] if len(accounts) == 1 else "all"
+        if not self.json:
+            return ["bjobs", "-a", "-o", f"{_FIELDS} delimiter='{_DELIMITER}'", "-u", user]
         return ["bjobs", "-a", "-o", _FIELDS, "-json", "-u", user]
 
     def status_listed(self, done: Completed) -> bool:
-        # With nothing to show bjobs exits 255 and -json still prints an empty RECORDS list.
-        try:
-            doc = json.loads(done.stdout)
-        except ValueError:
-            return False
-        return isinstance(doc, dict) and isinstance(doc.get("RECORDS"), list)
+        # With nothing to show bjobs exits 255 where LSB_BJOBS_CONSISTENT_EXIT_CODE=Y (0 by
+        # default), and -json still prints an empty RECORDS list.
+        lines = [line for line in done.stderr.splitlines() if line.strip()]
+        if not self.json:
+            return all(_NOTHING_FOUND.match(line) for line in lines)
+        doc = _json_object(done.stdout)
+        if doc is not None:
+            return isinstance(doc.get("RECORDS"), list)
+        if _OPTION_REFUSED.search(done.stderr):
+            raise TransportError(
+                f"bjobs refused `-json` ({lines[0] if lines else 'usage'}): it needs IBM "
+                "Spectrum LSF 10.1 Fix Pack 2 or later; on an older LSF set `bjobs_json: false` "
+                f"on pool {self.pool.name!r}, and Klique reads `bjobs -o` text instead"
+            )
+        return False
 
     def parse_status(self, stdout: str) -> list[NativeStatus]:
-        return parse_bjobs_json(stdout)
+        return parse_bjobs_json(stdout) if self.json else parse_bjobs_text(stdout)
 
     def cancel_argv(self, native_id: str) -> list[str]:
         return ["bkill", native_id]
@@ -160,13 +184,53 @@ def parse_bsub(stdout: str) -> str:
 
 
 def parse_bjobs_json(stdout: str) -> list[NativeStatus]:
-    """`bjobs -o "..." -json`: {"RECORDS": [...]}; a job id it does not know is an ERROR record."""
-    try:
-        doc = json.loads(stdout) if stdout.strip() else {}
-    except ValueError as exc:
-        raise TransportError(f"bjobs -json printed no JSON: {exc}") from exc
+    """`bjobs -o "..." -json`: {"RECORDS": [...]}; a job id it does not know is an ERROR record.
+    A slow mbatchd makes bjobs print "Cannot connect to LSF. Please wait ..." lines first."""
+    if not stdout.strip():
+        return []
+    doc = _json_object(stdout)
+    if doc is None:
+        raise TransportError(f"bjobs -json printed no JSON: {stdout.strip()[:200]!r}")
     records = doc.get("RECORDS") or []
-    return [_status(r) for r in records if isinstance(r, dict) and "ERROR" not in r]
+    found = [_record(r) for r in records if isinstance(r, dict) and "ERROR" not in r]
+    return [status for status in found if status.native_id]
+
+
+def parse_bjobs_text(stdout: str) -> list[NativeStatus]:
+    """`bjobs -o "<_FIELDS> delimiter='^'"`: a header line, then one job a line, "-" for an
+    empty field; a line with the wrong number of fields is unreadable."""
+    names = [name.upper() for name in _FIELDS.split()]
+    found: list[NativeStatus] = []
+    for line in stdout.splitlines():
+        values = line.split(_DELIMITER)
+        if not line.strip() or values[0] == "JOBID" or not values[0].strip().isdigit():
+            continue
+        if len(values) != len(names):
+            found.append(unreadable(values[0].strip(), f"{len(values)} fields in {line!r}"))
+            continue
+        fields = ["" if value == "-" else value for value in values]
+        found.append(_status(dict(zip(names, fields, strict=True))))
+    return found
+
+
+def _json_object(text: str) -> dict[str, Any] | None:
+    """The JSON object in bjobs' output, past any lines LSF printed before it."""
+    start, end = text.find("{"), text.rfind("}")
+    if start < 0 or end < start:
+        return None
+    try:
+        doc = json.loads(text[start : end + 1])
+    except ValueError:
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def _record(record: Mapping[str, Any]) -> NativeStatus:
+    """A record without its id cannot be told to anyone (it is dropped), one without STAT is
+    unreadable."""
+    if not record.get("STAT"):
+        return unreadable(str(record.get("JOBID") or ""), f"no STAT in {record!r}"[:200])
+    return _status(record)
 
 
 def _status(record: Mapping[str, Any]) -> NativeStatus:

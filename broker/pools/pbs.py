@@ -1,9 +1,10 @@
 """PBS Professional and Torque (the pool's `dialect`): qsub, one `qstat -f` per cycle naming the
-pool's jobs, qdel. A finished job is told apart by its exit status; the exit file decides."""
+pool's jobs (one per account where the server hides other users' jobs), qdel. A finished job is
+told apart by its exit status, substate and walltime used; the exit file decides."""
 
 from __future__ import annotations
 
-import json
+import logging
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -11,8 +12,11 @@ from typing import Any
 from broker.domain import Pool, Profile, Task, TaskState
 from broker.errors import SubmitError, TransportError
 from broker.pools.base import Context, Observation
-from broker.pools.batch import BatchDriver, NativeStatus, walltime_hms
+from broker.pools.batch import BatchDriver, NativeStatus, unreadable, walltime_hms
+from broker.pools.pbs_json import job_records
 from broker.transport import Completed, Transport
+
+log = logging.getLogger("klique.pools")
 
 # PBS Professional 2022 Reference Guide, qstat(1B) "Job States" (job_state of
 # pbs_job_attributes(7B)), and the TORQUE 6.1 Administrator Guide, qstat "job states".
@@ -43,7 +47,11 @@ PBS_ENDINGS: dict[str, TaskState] = {
 }
 _FINISHED = ("F", "X", "C")  # PBS Professional F and X, Torque C
 
-# PBS Professional Administrator's Guide, "Job Exit Status" (OpenPBS src/include/job.h).
+# PBS Professional Administrator's Guide, "Job Exit Status" (OpenPBS src/include/job.h). The
+# MoM keeps these over the job's own status (catch_child.c). JOB_EXEC_KILL_* came with OpenPBS
+# 22.05 and PBS Professional 2021.1; before, a limit kill is SIGTERM, then SIGKILL after
+# kill_delay, and the job's own status is reported (271, 265, or 143 and even 0 when the
+# script caught the signal): see `ending`.
 PBSPRO_EXEC_CODES: dict[int, str] = {
     -24: "limit",  # JOB_EXEC_KILL_NCPUS_BURST
     -25: "limit",  # JOB_EXEC_KILL_NCPUS_SUM
@@ -52,17 +60,20 @@ PBSPRO_EXEC_CODES: dict[int, str] = {
     -28: "limit",  # JOB_EXEC_KILL_CPUT
     -29: "walltime",  # JOB_EXEC_KILL_WALLTIME
 }
-# TORQUE 6.1 Administrator Guide, "Job Exit Status" (the JOB_EXEC_* table).
+# TORQUE 6.1 Administrator Guide, "Job Exit Status" (the JOB_EXEC_* table). Torque's qstat
+# shows no substate, so a deletion is read from its exit status: qdel ends a running job with
+# SIGTERM, reported as 256 + 15 when the signal killed it and as the script's own 128 + 15 when
+# it caught the signal and exited (as the runner does; its exit file decides first).
 TORQUE_EXEC_CODES: dict[int, str] = {
     -10: "memory",  # JOB_EXEC_OVERLIMIT_MEM: job exceeded a memory limit
     -11: "walltime",  # JOB_EXEC_OVERLIMIT_WT: job exceeded a walltime limit
     -12: "limit",  # JOB_EXEC_OVERLIMIT_CPUT: job exceeded a CPU time limit
+    256 + 15: "deleted",  # killed by qdel's SIGTERM
+    128 + 15: "deleted",  # caught qdel's SIGTERM and exited
 }
-_SUBSTATE_TERMINATED = 91  # PBS Professional: the job was deleted (qdel) or aborted
-# qdel ends a running job with SIGTERM: PBS reports 256 + 15 when the signal killed it, and the
-# script's own 128 + 15 when it caught the signal and exited (as the runner does). A task that
-# exits 143 by itself is told apart by its exit file, which decides first.
-_SIGTERM_STATUSES = (256 + 15, 128 + 15)
+# PBS Professional substates of a finished job (OpenPBS src/include/job.h; svr_jobfunc.c sets
+# them when the job enters history): 91 deleted (qdel), 92 finished, 93 failed (non-zero).
+_SUBSTATE_TERMINATED = 91
 
 # Every state the parsers yield: the native states, and "<F|X|C>/<ending>" once finished.
 PBS_ALL_STATES: dict[str, TaskState] = {
@@ -90,6 +101,15 @@ PBS_REASONS: dict[str, str] = {
 _JOB_ID = re.compile(r"\d+(\[\d*\])?(\.[A-Za-z0-9_.-]+)?")
 _UNKNOWN_JOB = re.compile(r"^qstat: (Unknown Job Id|.* Job has finished, use -x)")
 _ATTRIBUTE = re.compile(r"^(?:    |\t)([A-Za-z_][A-Za-z0-9_.]*) = (.*)$")
+# OpenPBS src/lib/Liblog/pbs_messages.c, PBSE_JOBHISTNOTSET: a status request with -x while
+# job_history_enable is off (the default); qstat prints it per id and still exits 0.
+_HISTORY_OFF = re.compile(r"PBS is not configured to maintain job history")
+# PBSE_PERM, "Unauthorized Request " (OpenPBS pbs_messages.c, TORQUE pbs_error_db.h): a job of
+# another user while query_other_jobs is false (Torque's default; PBS Professional's is true).
+_OTHERS_HIDDEN = re.compile(r"^qstat: Unauthorized Request", re.MULTILINE)
+# The MoM's note in the job's stderr when it kills a job for its walltime (OpenPBS
+# mom_main.c, mom_over_limit: "walltime %lu exceeded limit %lu").
+_WALLTIME_NOTE = re.compile(r"^=>> PBS: job killed: walltime \d+ exceeded limit \d+", re.M)
 
 
 class PbsDriver(BatchDriver):
@@ -102,11 +122,16 @@ class PbsDriver(BatchDriver):
     SELF_ENDED = frozenset(
         f"{code}/{end}" for code in _FINISHED for end in ("completed", "failed", "signal")
     )
+    OTHERS_HIDDEN = _OTHERS_HIDDEN
 
     def __init__(self, pool: Pool, context: Context, transport: Transport | None = None) -> None:
         super().__init__(pool, context, transport)
         self.dialect = str(pool.settings.get("dialect") or "pbspro")
-        self._job_ids: list[str] = []  # the jobs the next status query names
+        self._job_ids: dict[str, list[str]] = {}  # the jobs the next status query names
+        # PBS Professional keeps finished jobs only with job_history_enable: until qstat says
+        # it is off, status asks for them (-x); then finished jobs leave and the exit file
+        # decides.
+        self._keeps_history = self.dialect == "pbspro"
 
     def directives(self, task: Task, profile: Profile, job_dir: str) -> list[str]:
         settings = self.pool.settings
@@ -137,15 +162,33 @@ class PbsDriver(BatchDriver):
 
     async def poll(self, tasks: Sequence[Task]) -> dict[int, Observation]:
         # qstat's long formats cannot be limited to users (PBS Professional's -u switches to the
-        # one-line table), so the one query per cycle names the pool's jobs.
-        self._job_ids = sorted({t.native_id for t in tasks if t.native_id})
+        # one-line table), so the one query per cycle names the pool's jobs, by account.
+        self._job_ids = {}
+        for task in sorted(tasks, key=lambda t: t.native_id or ""):
+            account = self.pool.user_map.account_for(task.owner)
+            if task.native_id and account:
+                self._job_ids.setdefault(account, []).append(task.native_id)
         return await super().poll(tasks)
 
     def status_argv(self, accounts: Sequence[str]) -> list[str]:
+        job_ids = [job_id for account in accounts for job_id in self._job_ids.get(account, [])]
         if self.dialect == "torque":  # Torque lists completed jobs (C) for keep_completed
-            return ["qstat", "-f", "-1", *self._job_ids]
+            return ["qstat", "-f", "-1", *job_ids]
         # -x: finished jobs (F) and their Exit_status, kept while job_history_enable is set.
-        return ["qstat", "-x", "-f", "-F", "json", *self._job_ids]
+        history = ["-x"] if self._keeps_history else []
+        return ["qstat", *history, "-f", "-F", "json", *job_ids]
+
+    def status_again(self, argv: Sequence[str], done: Completed) -> bool:
+        if "-x" not in argv or not _HISTORY_OFF.search(done.stderr):
+            return False
+        if self._keeps_history:
+            self._keeps_history = False
+            log.warning(
+                "pool %s: PBS keeps no job history (job_history_enable is off): status now "
+                "runs without -x, and a job that leaves the queue is decided by its exit file",
+                self.pool.name,
+            )
+        return True
 
     def status_listed(self, done: Completed) -> bool:
         # A named job that left the server's memory is reported on stderr, and the others
@@ -157,6 +200,12 @@ class PbsDriver(BatchDriver):
         if self.dialect == "torque":
             return parse_qstat_text(stdout, TORQUE_EXEC_CODES)
         return parse_qstat_json(stdout)
+
+    def ending_note(self, job_dir: str) -> str | None:
+        return f"{job_dir}/pbs.out"  # -j oe: the MoM's notes go to the job's output
+
+    def parse_ending_note(self, text: str) -> str | None:
+        return f"{_FINISHED[0]}/walltime" if _WALLTIME_NOTE.search(text) else None
 
     def cancel_argv(self, native_id: str) -> list[str]:
         return ["qdel", native_id]
@@ -179,19 +228,22 @@ def parse_qsub(stdout: str) -> str:
 
 
 def parse_qstat_json(stdout: str) -> list[NativeStatus]:
-    """`qstat -x -f -F json`: {"Jobs": {id: attributes}}, no "Jobs" when nothing is shown."""
+    """`qstat [-x] -f -F json`: {"Jobs": {id: attributes}}, no "Jobs" when nothing is shown.
+    Known versions print invalid JSON for some jobs: see pbs_json; a job whose record does
+    not read is listed as unreadable, and the others as usual."""
     try:
-        doc = json.loads(stdout) if stdout.strip() else {}
+        jobs, problems = job_records(stdout)
     except ValueError as exc:
-        raise TransportError(f"qstat -F json printed no JSON: {exc}") from exc
-    jobs = doc.get("Jobs") or {}
-    return [_status(job_id, attrs, PBSPRO_EXEC_CODES) for job_id, attrs in jobs.items()]
+        raise TransportError(f"qstat -F json printed no readable JSON: {exc}") from exc
+    found = [_readable(job_id, attrs, PBSPRO_EXEC_CODES) for job_id, attrs in jobs]
+    return found + [unreadable(job_id, problem) for job_id, problem in problems]
 
 
 def parse_qstat_text(stdout: str, exec_codes: Mapping[int, str]) -> list[NativeStatus]:
     """`qstat -f`: `Job Id: <id>` then `name = value` lines, indented by four spaces (a tab
-    in Slurm's Torque wrapper); long values continue on lines that start with a tab."""
-    return [_status(job_id, attrs, exec_codes) for job_id, attrs in qstat_text_jobs(stdout)]
+    in Slurm's Torque wrapper); long values continue on lines that start with a tab (indented
+    further where the output was copied with its tabs expanded)."""
+    return [_readable(job_id, attrs, exec_codes) for job_id, attrs in qstat_text_jobs(stdout)]
 
 
 def qstat_text_jobs(stdout: str) -> list[tuple[str, dict[str, str]]]:
@@ -209,9 +261,15 @@ def qstat_text_jobs(stdout: str) -> list[tuple[str, dict[str, str]]]:
         if match:
             last = match.group(1)
             attrs[last] = match.group(2)
-        elif line.startswith("\t") and last:
-            attrs[last] += line[1:]
+        elif line[:1].isspace() and last:
+            attrs[last] += line[1:] if line.startswith("\t") else line.lstrip()
     return jobs
+
+
+def _readable(job_id: str, attrs: Any, exec_codes: Mapping[int, str]) -> NativeStatus:
+    if not isinstance(attrs, Mapping) or not attrs.get("job_state"):
+        return unreadable(job_id, "its record has no job_state")
+    return _status(job_id, attrs, exec_codes)
 
 
 def _status(job_id: str, attrs: Mapping[str, Any], exec_codes: Mapping[int, str]) -> NativeStatus:
@@ -220,20 +278,60 @@ def _status(job_id: str, attrs: Mapping[str, Any], exec_codes: Mapping[int, str]
     status = _int(attrs.get("Exit_status", attrs.get("exit_status")))
     if state not in _FINISHED:
         return NativeStatus(job_id, name, state, str(attrs.get("comment", "")))
-    end = ending(status, _int(attrs.get("substate")), exec_codes)
+    overran = _overran(attrs)
+    end = ending(status, _int(attrs.get("substate")), exec_codes, overran)
     detail = "no exit status" if status is None else f"exit status {status}"
+    if end == "walltime" and overran and status not in exec_codes:
+        detail += ", walltime used past its limit"
     return NativeStatus(job_id, name, f"{state}/{end}", detail, _exit_code(status))
 
 
-def ending(status: int | None, substate: int | None, exec_codes: Mapping[int, str]) -> str:
-    """Which PBS_ENDINGS entry a finished job's exit status (and PBS Pro substate) names."""
-    if status is None or substate == _SUBSTATE_TERMINATED or status in _SIGTERM_STATUSES:
+def ending(
+    status: int | None,
+    substate: int | None,
+    exec_codes: Mapping[int, str],
+    overran: bool = False,
+) -> str:
+    """Which PBS_ENDINGS entry a finished job names. A deletion is read from the substate (91)
+    where qstat shows one (PBS Professional, every version); a limit kill from the MoM's code,
+    or (PBS Professional before JOB_EXEC_KILL_WALLTIME) from walltime used past its limit,
+    since the MoM kills only once it is exceeded; then the job's own status."""
+    if substate == _SUBSTATE_TERMINATED or status is None:
         return "deleted"
     if status < 0:
         return exec_codes.get(status, "exec")
+    if overran:
+        return "walltime"
+    if status in exec_codes:
+        return exec_codes[status]
     if status >= 256:
         return "signal"
     return "completed" if status == 0 else "failed"
+
+
+def _overran(attrs: Mapping[str, Any]) -> bool:
+    """resources_used.walltime past Resource_List.walltime (JSON nests them; text does not)."""
+    used = _seconds(_resource(attrs, "resources_used", "walltime"))
+    limit = _seconds(_resource(attrs, "Resource_List", "walltime"))
+    return used is not None and limit is not None and used > limit
+
+
+def _resource(attrs: Mapping[str, Any], group: str, name: str) -> object:
+    nested = attrs.get(group)
+    if isinstance(nested, Mapping):
+        return nested.get(name)
+    return attrs.get(f"{group}.{name}")
+
+
+def _seconds(value: object) -> int | None:
+    """[[HH:]MM:]SS, or bare seconds (pbs_resources(7B), "duration")."""
+    parts = str(value).split(":") if value is not None else []
+    if not parts or len(parts) > 3 or not all(p.isdigit() for p in parts):
+        return None
+    total = 0
+    for part in parts:
+        total = total * 60 + int(part)
+    return total
 
 
 def _exit_code(status: int | None) -> int | None:

@@ -1,5 +1,6 @@
 """The batch pools end to end: each scenario is one test body, run on the real Slurm cluster of
-scripts/slurm-up and on the PBS Professional, Torque and LSF simulators, over both transports."""
+scripts/slurm-up and on the PBS Professional, Torque and LSF simulators, over both transports,
+with each simulator's server settings at the vendor's defaults and at the common other values."""
 
 from __future__ import annotations
 
@@ -7,15 +8,17 @@ import json
 import os
 import pwd
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
 from batch_helpers import (
     JOB_PYTHON,
     SSHLogin,
+    count_lines,
     login_node,
     open_folder,
     pool_yaml,
@@ -35,15 +38,40 @@ from broker.pools.pbs import (
     parse_qstat_text,
 )
 
+
+@dataclass(frozen=True)
+class Site:
+    """A scheduler as a site runs it: the transport, the simulator's server settings (none:
+    the vendor's defaults, tests/fakes/README.md) and the pool's own settings."""
+
+    scheduler: str
+    transport: str
+    server: Mapping[str, str] = field(default_factory=dict)
+    pool: Mapping[str, Any] = field(default_factory=dict)
+
+
+# PBS Professional with job history kept, the JOB_EXEC_KILL_WALLTIME code; and an older one
+# (walltime kills report the job's own status) that hides other users' jobs.
+PBS_HISTORY = {"KLIQUE_SIM_JOB_HISTORY_ENABLE": "true"}
+PBS_2020 = {**PBS_HISTORY, "KLIQUE_SIM_PBS_VERSION": "19.1.3", "KLIQUE_SIM_QUERY_OTHER_JOBS": "0"}
+TORQUE_OPEN = {"KLIQUE_SIM_QUERY_OTHER_JOBS": "true"}
+LSF_STRICT = {"KLIQUE_SIM_BJOBS_CONSISTENT_EXIT_CODE": "Y"}
+SSH = pytest.mark.ssh
 CASES = [
-    pytest.param(("slurm", "local"), marks=pytest.mark.slurm, id="slurm-local"),
-    pytest.param(("slurm", "ssh"), marks=[pytest.mark.slurm, pytest.mark.ssh], id="slurm-ssh"),
-    pytest.param(("pbspro", "local"), id="pbspro-local"),
-    pytest.param(("pbspro", "ssh"), marks=pytest.mark.ssh, id="pbspro-ssh"),
-    pytest.param(("torque", "local"), id="torque-local"),
-    pytest.param(("torque", "ssh"), marks=pytest.mark.ssh, id="torque-ssh"),
-    pytest.param(("lsf", "local"), id="lsf-local"),
-    pytest.param(("lsf", "ssh"), marks=pytest.mark.ssh, id="lsf-ssh"),
+    pytest.param(Site("slurm", "local"), marks=pytest.mark.slurm, id="slurm-local"),
+    pytest.param(Site("slurm", "ssh"), marks=[pytest.mark.slurm, SSH], id="slurm-ssh"),
+    pytest.param(Site("pbspro", "local"), id="pbspro-local"),
+    pytest.param(Site("pbspro", "ssh"), marks=SSH, id="pbspro-ssh"),
+    pytest.param(Site("pbspro", "local", PBS_HISTORY), id="pbspro-history-local"),
+    pytest.param(Site("pbspro", "local", PBS_2020), id="pbspro-2020-private-local"),
+    pytest.param(Site("torque", "local"), id="torque-local"),
+    pytest.param(Site("torque", "ssh"), marks=SSH, id="torque-ssh"),
+    pytest.param(Site("torque", "local", TORQUE_OPEN), id="torque-query-others-local"),
+    pytest.param(Site("lsf", "local"), id="lsf-local"),
+    pytest.param(Site("lsf", "ssh"), marks=SSH, id="lsf-ssh"),
+    pytest.param(
+        Site("lsf", "local", LSF_STRICT, {"bjobs_json": False}), id="lsf-strict-text-local"
+    ),
 ]
 NATIVE_ID = {
     "slurm": r"\d+",
@@ -79,7 +107,12 @@ HOSTILE = [
 ]
 
 
-def estate(scheduler: str, job_root: Any, endpoint: SSHLogin | None) -> str:
+def estate(
+    scheduler: str,
+    job_root: Any,
+    endpoint: SSHLogin | None,
+    pool: Mapping[str, Any] | None = None,
+) -> str:
     return f"""
 teams:
   vision: [alice]
@@ -94,7 +127,7 @@ resources:
   huge:
     profile: {{gpus: 9, cpus: 1, memory: 100M, walltime: 10m, pools: [batch]}}
 pools:
-{pool_yaml(scheduler, job_root, endpoint)}"""
+{pool_yaml(scheduler, job_root, endpoint, **(pool or {}))}"""
 
 
 @dataclass
@@ -122,7 +155,8 @@ class BatchPool:
 
 @pytest.fixture(scope="module", params=CASES)
 def pool(request: Any, test_users: Any) -> Iterator[BatchPool]:
-    scheduler, transport = request.param
+    site: Site = request.param
+    scheduler, transport = site.scheduler, site.transport
     folder = shared_folder(f"klique-{scheduler}-{transport}-")
     with ExitStack() as stack:
         stack.callback(remove_tree, folder)
@@ -133,7 +167,8 @@ def pool(request: Any, test_users: Any) -> Iterator[BatchPool]:
             path = os.environ["PATH"]
         else:
             job_root = open_folder(folder / "jobs")
-            path = search_path(login_node(folder, scheduler, open_folder(folder / "sim")))
+            sim = open_folder(folder / "sim")
+            path = search_path(login_node(folder, scheduler, sim, settings=site.server))
         endpoint = None
         if transport == "ssh":
             shared = request.getfixturevalue("sshd")
@@ -143,7 +178,7 @@ def pool(request: Any, test_users: Any) -> Iterator[BatchPool]:
                 else stack.enter_context(sshd_serving(folder, shared, path))
             )
         estate_file = folder / "estate.yaml"
-        estate_file.write_text(estate(scheduler, job_root, endpoint))
+        estate_file.write_text(estate(scheduler, job_root, endpoint, site.pool))
         server = start_server(folder / "home", estate_file, {"PATH": path})
         stack.callback(stop_server, server)
         tokens = {u: server.make_token(u) for u in ("alice", "bob", "mallory")}
@@ -151,16 +186,20 @@ def pool(request: Any, test_users: Any) -> Iterator[BatchPool]:
 
 
 def native_final(pool: BatchPool, native_id: str) -> bool:
-    """The scheduler shows the job as ended (Slurm: or no longer at all)."""
+    """The scheduler shows the job as ended (Slurm, and PBS Professional without job history
+    or without -x: or no longer at all)."""
     status = {
         "slurm": ["squeue", "--noheader", "--states=all", f"--jobs={native_id}", "--format=%T"],
-        "pbspro": ["qstat", "-x", "-f", "-F", "json", native_id],
+        "pbspro": ["qstat", "-f", "-F", "json", native_id],
         "torque": ["qstat", "-f", "-1", native_id],
         "lsf": ["bjobs", "-a", "-o", "jobid stat exit_code exit_reason", "-json", native_id],
     }[pool.scheduler]
-    out = run_as("alice", status, pool.path).stdout
+    done = run_as("alice", status, pool.path)
+    out = done.stdout
     if pool.scheduler == "slurm":
         return out.strip() in ("", "CANCELLED")
+    if pool.scheduler == "pbspro" and done.returncode in (35, 153):  # finished, or forgotten
+        return True
     if pool.scheduler == "lsf":
         jobs = parse_bjobs_json(out)
         return bool(jobs) and all(LSF_ALL_STATES[j.state].final for j in jobs)
@@ -259,3 +298,83 @@ def test_a_walltime_overrun_ends_timeout(pool: BatchPool) -> None:
     task = pool.wait(task_id, "alice")
     assert task["state"] == "timeout", task
     assert "walltime" in task["reason"]
+
+
+# Traps the walltime signals (SIGTERM; LSF's SIGUSR2, then its kill's SIGINT), says so, and
+# then exits at once or carries on until the scheduler kills it.
+TOLD = (
+    "import signal, sys, time\n"
+    "def told(signum, frame):\n"
+    "    print('told', signal.Signals(signum).name, flush=True)\n"
+    "    if sys.argv[1] == 'exits':\n"
+    "        sys.exit(0)\n"
+    "for name in ('SIGTERM', 'SIGUSR2', 'SIGINT'):\n"
+    "    signal.signal(getattr(signal, name), told)\n"
+    "while True:\n"
+    "    time.sleep(0.1)\n"
+)
+
+
+@pytest.mark.parametrize("after", ["exits", "carries-on"])
+def test_a_task_told_of_its_walltime_ends_timeout(pool: BatchPool, after: str) -> None:
+    """The scheduler's walltime signal reaches the task through the runner (LSF's SIGUSR2 at the
+    run limit comes a grace before the kill); the task ends timeout whether it exits on it or
+    is killed after the grace."""
+    task_id = pool.submit("alice", "-r", "short", "--", JOB_PYTHON, "-c", TOLD, after)
+    task = pool.wait(task_id, "alice")
+    assert task["state"] == "timeout", task
+    assert "walltime" in task["reason"]
+    console = pool.server.cli("logs", str(task_id), token=pool.tokens["alice"]).output
+    expected = "told SIGUSR2" if pool.scheduler == "lsf" else "told SIGTERM"
+    assert expected in console
+
+
+TICKS = (
+    "import os, time\n"
+    "n = 0\n"
+    "while not os.path.exists('release'):\n"
+    "    time.sleep(0.5)\n"
+    "    n += 1\n"
+    "    print('tick', n, flush=True)\n"
+)
+
+
+def test_a_running_task_on_pbs_without_job_history_runs_on_past_lost_after(
+    test_users: Any,
+) -> None:
+    """PBS Professional's default keeps no job history, so the server refuses `qstat -x`; the
+    pool must not read that as an empty queue and call its running tasks lost."""
+    folder = shared_folder("klique-pbs-no-history-")
+    calls = folder / "status-calls"
+    try:
+        job_root = open_folder(folder / "jobs")
+        path = search_path(login_node(folder, "pbspro", open_folder(folder / "sim"), calls))
+        (folder / "estate.yaml").write_text(estate("pbspro", job_root, None, {"lost_after": "3s"}))
+        server = start_server(folder / "home", folder / "estate.yaml", {"PATH": path})
+        try:
+            token = server.make_token("alice")
+            cli = ["submit", "--no-code", "--json", "--", JOB_PYTHON, "-c", TICKS]
+            task_id = submitted_id(server.cli(*cli, token=token))
+            task = server.wait_state(task_id, {"running"}, timeout=150, token=token)
+            job_dir = Path(task["job_dir"])
+
+            def console() -> str:
+                path = job_dir / "console.log"
+                return path.read_text() if path.exists() else ""
+
+            # The task counts half seconds: once it has run past lost_after and the pool has
+            # asked twice more since, a refused `qstat -x` taken for an empty queue would have
+            # made it lost.
+            wait_for(lambda: "tick 10\n" in console(), 60, "the task to run five seconds")
+            asked = len(count_lines(calls))
+            wait_for(lambda: len(count_lines(calls)) >= asked + 2, 30, "two more status queries")
+            assert server.task(task_id, token)["state"] == "running"
+            (job_dir / "release").touch()
+            done = server.wait_state(task_id, None, timeout=60, token=token)
+            assert done["state"] == "completed", done
+            with_history = [line for line in count_lines(calls) if "-x" in line.split()]
+            assert len(with_history) == 1  # asked with -x once, then without
+        finally:
+            stop_server(server)
+    finally:
+        remove_tree(folder)

@@ -6,6 +6,7 @@ import os
 import signal
 import sys
 
+import pytest
 from runner_helpers import (
     cache_of,
     console,
@@ -85,6 +86,7 @@ def on(signum, frame):
         sys.exit(0)
 signal.signal(signal.SIGTERM, on)
 signal.signal(signal.SIGUSR1, on)
+signal.signal(signal.SIGUSR2, on)
 print('ready', flush=True)
 while not os.path.exists('release'):
     time.sleep(0.01)
@@ -119,15 +121,67 @@ def test_a_task_that_does_not_trap_sigterm_dies_with_it(tmp_path):
     assert exit_file["exit_code"] == 143 and exit_file["outcome"] == "signalled"
 
 
-def test_sigusr1_is_forwarded_and_the_task_carries_on(tmp_path):
-    job = make_job(tmp_path, command=[PY, "-c", TRAP_SCRIPT])
+@pytest.mark.parametrize(
+    ("signum", "scheduler"),
+    [(signal.SIGUSR1, "host"), (signal.SIGUSR2, "slurm")],  # SIGUSR2 ends a run on LSF only
+)
+def test_a_signal_that_ends_nothing_is_forwarded_and_the_task_carries_on(
+    tmp_path, signum, scheduler
+):
+    job = make_job(tmp_path, command=[PY, "-c", TRAP_SCRIPT], scheduler=scheduler)
     runner = start_runner(job)
     _running(job)
-    runner.send_signal(signal.SIGUSR1)
-    wait_for(lambda: "caught SIGUSR1" in console(job), what="the task to see SIGUSR1")
+    runner.send_signal(signum)
+    name = signal.Signals(signum).name
+    wait_for(lambda: f"caught {name}" in console(job), what=f"the task to see {name}")
     (job / "release").touch()
     assert runner.wait(60) == 0
     assert read_json(job, "exit.json")["outcome"] == "completed"
+
+
+RUN_LIMIT_SCRIPT = """
+import os, signal, sys, time
+def on(signum, frame):
+    print('told', signal.Signals(signum).name, flush=True)
+    if os.path.exists('exit-when-told'):
+        sys.exit(0)
+signal.signal(signal.SIGUSR2, on)
+print('ready', flush=True)
+while not os.path.exists('release'):
+    time.sleep(0.01)
+"""
+
+
+def _exit_file(job):
+    path = job / "exit.json"
+    return wait_for(lambda: path.exists() and read_json(job, "exit.json"), what="exit.json")
+
+
+def test_lsfs_run_limit_warning_reaches_the_task_and_the_run_ends_timed_out(tmp_path):
+    job = make_job(tmp_path, command=[PY, "-c", RUN_LIMIT_SCRIPT], scheduler="lsf")
+    runner = start_runner(job)
+    _running(job)
+    runner.send_signal(signal.SIGUSR2)
+    wait_for(lambda: "told SIGUSR2" in console(job), what="the task to be told")
+    early = _exit_file(job)  # written at once: LSF may kill the runner after its grace
+    assert early["outcome"] == "timeout" and "walltime" in early["reason"]
+    runner.send_signal(signal.SIGINT)  # the grace is over: LSF's kill starts with SIGINT
+    runner.send_signal(signal.SIGKILL)
+    runner.wait(60)
+    final = read_json(job, "exit.json")
+    assert (final["outcome"], final["signal"]) == ("timeout", signal.SIGUSR2)
+
+
+def test_a_task_that_exits_on_lsfs_warning_still_ran_past_its_walltime(tmp_path):
+    job = make_job(tmp_path, command=[PY, "-c", RUN_LIMIT_SCRIPT], scheduler="lsf")
+    (job / "exit-when-told").touch()
+    runner = start_runner(job)
+    _running(job)
+    runner.send_signal(signal.SIGUSR2)
+    assert runner.wait(60) == 0
+    exit_file = read_json(job, "exit.json")
+    assert (exit_file["outcome"], exit_file["exit_code"]) == ("timeout", 0)
+    assert exit_file["reason"] == "ran past its walltime (LSF's run limit sent SIGUSR2)"
 
 
 def test_sigterm_with_the_preemption_marker_is_preempted(tmp_path):

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from broker.domain import TaskState
-from broker.errors import SubmitError, TemplateError
+from broker.errors import SubmitError, TemplateError, TransportError
 from broker.estate import parse_estate
 from broker.pools.base import Context
 from broker.pools.lsf import (
@@ -141,3 +141,60 @@ def test_status_asks_for_the_pools_accounts_and_reads_an_empty_answer():
     empty = (DATA / "bjobs_o_json_no_jobs.json").read_text()
     assert lsf.status_listed(Completed(255, empty, ""))
     assert not lsf.status_listed(Completed(255, "", "LSF is down. Please wait ...\n"))
+
+
+def test_lines_lsf_prints_before_the_json_are_passed_over():
+    text = (DATA / "bjobs_o_json_please_wait.json").read_text()
+    assert text.startswith("Cannot connect to LSF. Please wait ...")
+    assert seen(parse_bjobs_json(text)) == {"12345678": ("", "EXIT/TERM_OWNER", None)}
+    lsf, _ = driver()
+    assert lsf.status_listed(Completed(0, text, ""))
+
+
+def test_a_published_done_record_reads():
+    jobs = seen(parse_bjobs_json((DATA / "bjobs_o_json_batcheuphoria.json").read_text()))
+    assert jobs == {"22005": ("ls -l", "DONE", None)}
+
+
+def test_a_record_without_stat_is_unreadable_and_the_others_read():
+    text = (
+        '{"RECORDS": [{"JOBID": "7", "STAT": "RUN", "JOB_NAME": "klique-7"},'
+        ' {"JOBID": "8", "JOB_NAME": "klique-8"}, {"STAT": "RUN"}]}'
+    )
+    statuses = {s.native_id: s for s in parse_bjobs_json(text)}
+    assert set(statuses) == {"7", "8"}
+    assert statuses["7"].state == "RUN" and statuses["8"].problem.startswith("no STAT")
+
+
+@pytest.mark.parametrize("exit_status", [0, 255])  # LSB_BJOBS_CONSISTENT_EXIT_CODE N (default), Y
+def test_nothing_to_show_is_an_empty_listing_whatever_the_exit_code(exit_status):
+    lsf, _ = driver()
+    empty = (DATA / "bjobs_o_json_no_jobs.json").read_text()
+    assert lsf._listing(Completed(exit_status, empty, "")) == []
+    text, _ = driver(", bjobs_json: false")
+    none = (DATA / "bjobs_none.stderr").read_text()
+    assert text._listing(Completed(exit_status, "", none)) == []
+    with pytest.raises(TransportError):
+        text._listing(Completed(255, "", "LSF is down. Please wait ...\n"))
+
+
+def test_lsf_without_json_is_read_from_delimited_text():
+    lsf, _ = driver(", bjobs_json: false")
+    argv = lsf.status_argv(["alice"])
+    assert argv[:3] == ["bjobs", "-a", "-o"] and argv[3].endswith(" delimiter='^'")
+    assert "-json" not in argv
+    jobs = seen(lsf.parse_status((DATA / "bjobs_o_delimited.txt").read_text()))
+    full = seen(parse_bjobs_json((DATA / "bjobs_o_json_a.json").read_text()))
+    assert set(jobs) == {"5601", "5603", "5606", "5607", "5608", "5609"}
+    assert jobs == {job_id: full[job_id] for job_id in jobs}  # the text reads as the JSON does
+    [short] = lsf.parse_status("5610^RUN^alice\n")
+    assert short.native_id == "5610" and short.problem
+
+
+def test_an_lsf_without_json_is_named_with_the_version_it_needs():
+    lsf, _ = driver()
+    refused = Completed(255, "", "bjobs: illegal option -- j\nUsage: bjobs [-h] [-V] ...\n")
+    with pytest.raises(TransportError) as caught:
+        lsf.status_listed(refused)
+    words = str(caught.value)
+    assert "10.1 Fix Pack 2" in words and "bjobs_json: false" in words and "'p'" in words

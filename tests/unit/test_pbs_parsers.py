@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from broker.domain import TaskState
-from broker.errors import SubmitError, TemplateError
+from broker.errors import SubmitError, TemplateError, TransportError
 from broker.estate import parse_estate
 from broker.pools.base import Context
 from broker.pools.pbs import (
@@ -21,6 +21,7 @@ from broker.pools.pbs import (
     parse_qsub,
     qstat_text_jobs,
 )
+from broker.pools.pbs_json import repair
 from broker.preview import sample_task
 from broker.transport import Completed
 
@@ -144,10 +145,145 @@ def test_the_slurm_torque_wrappers_tab_indented_format():
         (None, 91, PBSPRO_EXEC_CODES, "deleted"),
         (-11, None, TORQUE_EXEC_CODES, "walltime"),
         (-11, None, PBSPRO_EXEC_CODES, "exec"),  # -11 is not PBS Professional's walltime code
+        # PBS Professional reads a deletion from its substate on every version: 271 or 143
+        # alone are no deletion there.
+        (271, 91, PBSPRO_EXEC_CODES, "deleted"),
+        (143, 91, PBSPRO_EXEC_CODES, "deleted"),
+        (271, 93, PBSPRO_EXEC_CODES, "signal"),
+        (143, 93, PBSPRO_EXEC_CODES, "failed"),
     ],
 )
 def test_how_a_finished_job_ended(status, substate, codes, expected):
     assert ending(status, substate, codes) == expected
+
+
+@pytest.mark.parametrize(
+    ("status", "substate"),
+    [(271, 93), (265, 93), (143, 93), (0, 92), (-29, 93)],  # SIGTERM, SIGKILL, caught, exited 0
+)
+def test_a_walltime_kill_before_job_exec_kill_walltime_is_read_from_walltime_used(status, substate):
+    # PBS Professional before 2021.1 reports the job's own status after the MoM's SIGTERM;
+    # the MoM kills only once the walltime used is past the limit.
+    assert ending(status, substate, PBSPRO_EXEC_CODES, overran=True) == "walltime"
+    assert ending(status, 91, PBSPRO_EXEC_CODES, overran=True) == "deleted"
+
+
+def record(**changes):
+    """One finished job of the captured PBS Professional JSON, with some attributes changed."""
+    doc = json.loads((PBS / "qstat_f_F_json_x.json").read_text())
+    attrs = doc["Jobs"]["4329.pbs01"]
+    for name, value in changes.items():
+        group, _, key = name.partition("__")
+        if key:
+            attrs[group][key] = value
+        else:
+            attrs[group] = value
+    return json.dumps({"pbs_server": "pbs01", "Jobs": {"4329.pbs01": attrs}})
+
+
+def test_an_older_pbs_walltime_kill_parses_as_timeout_from_the_record():
+    text = record(Exit_status=271, resources_used__walltime="00:30:01")
+    [job] = parse_qstat_json(text)
+    assert job.state == "F/walltime" and PBS_ALL_STATES[job.state] is TaskState.TIMEOUT
+    assert "walltime used past its limit" in job.reason
+    [within] = parse_qstat_json(record(Exit_status=271, resources_used__walltime="00:29:59"))
+    assert within.state == "F/signal"
+
+
+def test_published_pbs_pro_json_reads():
+    jobs = seen(parse_qstat_json((PBS / "qstat_x_f_F_json_metacentrum.json").read_text()))
+    assert jobs == {"12860476.meta-pbs.metacentrum.cz": ("swrap_01", "R", None)}
+
+
+def test_invalid_json_of_known_pbs_versions_reads_every_job():
+    bare = seen(parse_qstat_json((PBS / "qstat_f_F_json_bare_values.json").read_text()))
+    assert bare == {
+        "53.testpbs.nas.nasa.gov": ("STDIN", "H", None),
+        "54.testpbs.nas.nasa.gov": ("STDIN", "Q", None),
+    }
+    escaped = parse_qstat_json((PBS / "qstat_f_F_json_bad_escapes.json").read_text())
+    assert [(s.native_id, s.state, s.problem) for s in escaped] == [("27.pbsserver", "R", "")]
+
+
+def test_the_repair_keeps_what_pbs_meant():
+    text = (PBS / "qstat_f_F_json_bare_values.json").read_text()
+    variables = json.loads(repair(text), strict=False)["Jobs"]["54.testpbs.nas.nasa.gov"][
+        "Variable_List"
+    ]
+    assert [variables[f"FOO{i}"] for i in range(7)] == [
+        "00123",
+        ".123",
+        "123.",
+        "00",
+        "-00",
+        "00.123",
+        "-00.123",
+    ]
+    escaped = json.loads(
+        repair((PBS / "qstat_f_F_json_bad_escapes.json").read_text()), strict=False
+    )
+    variables = escaped["Jobs"]["27.pbsserver"]["Variable_List"]
+    assert (variables["MYVAR"], variables["MYVAR3"]) == ("'\"asads\"'", "ab,c")
+    assert variables["MYVAR2"] == "/home/pbstest01/Mo\\'"
+    assert repair('{"a":-29,"b":1e5,"c":true,"d":"x"}') == '{"a":-29,"b":1e5,"c":true,"d":"x"}'
+
+
+def test_one_unreadable_record_leaves_the_other_jobs_readable():
+    text = (PBS / "qstat_f_F_json_x.json").read_text()
+    # A record no repair reads (a doubled comma), amid jobs that read.
+    broken = text.replace('"Job_Name":"klique-43",', '"Job_Name":"klique-43",,', 1)
+    statuses = {s.native_id: s for s in parse_qstat_json(broken)}
+    assert set(statuses) == set(seen(parse_qstat_json(text)))
+    assert statuses["4323.pbs01"].problem.startswith("its qstat JSON is invalid")
+    assert statuses["4323.pbs01"].state == ""
+    assert statuses["4325.pbs01"].state == "F/completed" and not statuses["4325.pbs01"].problem
+    with pytest.raises(TransportError):
+        parse_qstat_json("qstat: cannot connect to server pbs01 (errno=15010)")
+
+
+def test_published_torque_output_reads_with_its_continuations():
+    jobs = seen(parse_qstat_text((TORQUE / "qstat_f_mavis.txt").read_text(), TORQUE_EXEC_CODES))
+    assert jobs == {
+        "9.torque01.bcgsc.ca": ("subtest.sh", "C/completed", 0),
+        "48[1].torque01.bcgsc.ca": (
+            "MA_mock-A47933_batch-JT3CUggKXNStHcoFXYaGR3-1",
+            "C/deleted",
+            143,
+        ),
+    }
+    attrs = dict(qstat_text_jobs((TORQUE / "qstat_f_mavis.txt").read_text()))
+    assert attrs["9.torque01.bcgsc.ca"]["Error_Path"].endswith("/creisle/temp/subtest.sh.e9")
+    comment = attrs["48[1].torque01.bcgsc.ca"]["comment"]
+    assert "dependency of array 43[].torque01.bcgsc.ca can never" in comment
+
+
+def test_history_off_is_detected_and_status_asks_without_x():
+    pbs, _ = driver()
+    pbs._job_ids = {"alice": ["4323.pbs01", "4325.pbs01"]}
+    argv = pbs.status_argv(["alice"])
+    refused = Completed(
+        0,
+        (PBS / "qstat_f_F_json_no_jobs.json").read_text(),
+        (PBS / "qstat_x_history_off.stderr").read_text(),
+    )
+    assert pbs.status_again(argv, refused)
+    assert pbs.status_argv(["alice"]) == ["qstat", "-f", "-F", "json", "4323.pbs01", "4325.pbs01"]
+    assert not pbs.status_again(pbs.status_argv(["alice"]), Completed(0, "{}", ""))
+
+
+def test_another_users_job_refused_means_status_per_account():
+    pbs, _ = driver()
+    for refusal in (PBS / "qstat_unauthorized.stderr", TORQUE / "qstat_unauthorized.stderr"):
+        assert pbs.OTHERS_HIDDEN.search(refusal.read_text())
+        assert not pbs.status_listed(Completed(159, "", refusal.read_text()))
+
+
+def test_the_moms_walltime_note_names_a_walltime_kill():
+    pbs, _ = driver()
+    assert pbs.ending_note("/scratch/klique/klique-7") == "/scratch/klique/klique-7/pbs.out"
+    note = "started\n=>> PBS: job killed: walltime 6 exceeded limit 5\n"
+    assert pbs.parse_ending_note(note) == "F/walltime"
+    assert pbs.parse_ending_note("walltime 6 exceeded limit 5 in a user's own output\n") is None
 
 
 def driver(pool_settings="", profile="gpus: 1, cpus: 2, memory: 512M, walltime: 90m"):
@@ -197,8 +333,9 @@ def test_a_hostile_pool_setting_never_reaches_the_script():
 
 def test_status_names_the_pools_jobs_and_reads_through_unknown_ids():
     pbs, _ = driver()
-    pbs._job_ids = ["4325.pbs01", "9999"]
+    pbs._job_ids = {"alice": ["4325.pbs01", "9999"], "bob": ["4330.pbs01"]}
     assert pbs.status_argv(["alice"]) == ["qstat", "-x", "-f", "-F", "json", "4325.pbs01", "9999"]
+    assert pbs.status_argv(["alice", "bob"])[-3:] == ["4325.pbs01", "9999", "4330.pbs01"]
     unknown = (PBS / "qstat_f_F_json_x_mixed.stderr").read_text()
     assert pbs.status_listed(Completed(153, "{}", unknown))
     finished = (PBS / "qstat_finished_without_x.stderr").read_text()

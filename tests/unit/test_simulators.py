@@ -208,6 +208,9 @@ def cluster(request):
         "KLIQUE_SIM_LSF_MINUTE": "1",
         "KLIQUE_SIM_GPUS": "4",
         "KLIQUE_SIM_CPUS": "16",
+        # These tests read how jobs ended from PBS Professional's history (off by default:
+        # the tests of the server settings below cover that).
+        "KLIQUE_SIM_JOB_HISTORY_ENABLE": "true",
     }
     sim = Cluster(request.param, work, env, prefix, user)
     yield sim
@@ -454,7 +457,7 @@ def test_captured_outputs_are_indexed_and_well_formed(folder):
     assert named == on_disk
     for case in cases:
         assert isinstance(case["exit_status"], int) and case["command"]
-        if case["stdout"] and case["stdout"].endswith(".json"):
+        if case["stdout"] and case["stdout"].endswith(".json") and case.get("valid_json", True):
             report = json.loads((data / case["stdout"]).read_text())
             assert ("RECORDS" in report) if folder == "lsf" else ("pbs_server" in report)
 
@@ -474,3 +477,132 @@ def test_five_hundred_submissions_from_several_processes(cluster):
         what="five hundred jobs to finish",
     )
     assert len(list(cluster.work.glob("ran.*"))) == 500
+
+
+# ---- server settings: the vendor's default and the common other value -----------------------
+
+
+def _as(user: str, cluster: Cluster, *argv: str) -> subprocess.CompletedProcess:
+    """argv as another account (root only), with the cluster's environment."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to run commands as a second account")
+    try:
+        pwd.getpwnam(user)
+    except KeyError:
+        pytest.skip(f"needs the test account {user}")
+    runuser = shutil.which("runuser", path="/usr/sbin:/sbin:/usr/bin:/bin")
+    if runuser is None:
+        pytest.skip("needs runuser(1)")
+    return subprocess.run(
+        [runuser, "-u", user, "--", *argv],
+        capture_output=True,
+        text=True,
+        cwd=cluster.work,
+        env=cluster.env,
+        timeout=60,
+    )
+
+
+def _waiting_job(cluster: Cluster, name: str, **kw) -> tuple[str, Path]:
+    release = cluster.work / f"{name}.release"
+    body = f"while [ ! -e {release} ]; do sleep 0.05; done\n"
+    return cluster.submit(cluster.script(name, body), **kw), release
+
+
+@pytest.mark.parametrize("cluster", ["pbspro"], indirect=True)
+def test_pbs_pro_without_job_history_refuses_x_and_forgets_finished_jobs(cluster):
+    cluster.env["KLIQUE_SIM_JOB_HISTORY_ENABLE"] = "false"  # PBS Professional's default
+    job_id, release = _waiting_job(cluster, "nohistory")
+    asked = cluster.run("qstat", "-x", "-f", "-F", "json", job_id)
+    assert asked.returncode == 0
+    assert asked.stderr == f"qstat: PBS is not configured to maintain job history {job_id}\n"
+    assert "Jobs" not in json.loads(asked.stdout)
+    listed = cluster.run("qstat", "-f", "-F", "json", job_id)
+    assert job_id in json.loads(listed.stdout)["Jobs"]
+    release.touch()
+
+    def forgotten() -> bool:
+        done = cluster.run("qstat", "-f", "-F", "json", job_id)
+        return done.returncode == 153 and f"Unknown Job Id {job_id}" in done.stderr
+
+    wait_for(forgotten, what="the finished job to be forgotten")
+
+
+@pytest.mark.parametrize(
+    ("cluster", "setting", "visible"),
+    [
+        ("torque", None, False),  # Torque's default: query_other_jobs false
+        ("torque", "true", True),
+        ("pbspro", None, True),  # PBS Professional's default: true
+        ("pbspro", "false", False),
+    ],
+    indirect=["cluster"],
+)
+def test_query_other_jobs_decides_who_sees_a_job(cluster, setting, visible):
+    env = {"KLIQUE_SIM_QUERY_OTHER_JOBS": setting} if setting else {}
+    job_id, release = _waiting_job(cluster, "private", env=env)
+    by_id = _as("bob", cluster, "qstat", "-f", job_id)
+    listing = _as("bob", cluster, "qstat")
+    release.touch()
+    if visible:
+        assert by_id.returncode == 0 and f"Job Id: {job_id}" in by_id.stdout
+        assert job_id.split(".")[0] in listing.stdout
+    else:
+        assert by_id.returncode == 159
+        assert by_id.stderr == f"qstat: Unauthorized Request  {job_id}\n"
+        assert job_id.split(".")[0] not in listing.stdout
+    assert cluster.run("qstat", "-f", job_id).returncode in (0, 35)  # the owner always sees it
+
+
+@pytest.mark.parametrize(
+    ("cluster", "version", "status"),
+    [("pbspro", "2022.1.3.20230614134139", -29), ("pbspro", "19.1.3", 271)],
+    indirect=["cluster"],
+)
+def test_a_pbs_walltime_kill_reports_the_code_of_its_version(cluster, version, status):
+    script = cluster.script("overrun", "sleep 60\n")
+    job_id = cluster.submit(script, "-l", "walltime=2", env={"KLIQUE_SIM_PBS_VERSION": version})
+    ended = cluster.wait_state(job_id, "done")
+    raw = ended["raw"]
+    assert (ended["exit"], raw["substate"]) == (status, 93)
+    used, limit = raw["resources_used"]["walltime"], raw["Resource_List"]["walltime"]
+    assert used > limit  # the MoM kills once the walltime used is past the limit
+    assert cluster.run("qstat", "--version").stdout == f"pbs_version = {version}\n"
+
+
+@pytest.mark.parametrize("cluster", ["lsf"], indirect=True)
+def test_lsf_warns_at_the_run_limit_and_kills_after_the_grace(cluster):
+    body = "trap 'echo warned' USR2\nwhile true; do sleep 0.2; echo tick; done\n"
+    grace = {"KLIQUE_SIM_LSF_RUNLIMIT_GRACE": "2"}
+    job_id = cluster.submit(cluster.script("warned", body), "-W", "1", env=grace)
+    ended = cluster.wait_state(job_id, "done")
+    assert ended["reason"].startswith("TERM_RUNLIMIT")
+    output = (cluster.work / "warned.out").read_text()
+    assert "tick" in output.split("warned", 1)[1]  # it ran on after the warning
+
+
+@pytest.mark.parametrize(
+    ("cluster", "setting", "status"), [("lsf", None, 0), ("lsf", "Y", 255)], indirect=["cluster"]
+)
+def test_bjobs_with_nothing_to_show_exits_as_the_setting_says(cluster, setting, status):
+    env = {"KLIQUE_SIM_BJOBS_CONSISTENT_EXIT_CODE": setting} if setting else {}
+    done = cluster.run("bjobs", env=env)
+    assert (done.returncode, done.stderr) == (status, "No unfinished job found\n")
+    as_json = cluster.run("bjobs", "-o", "jobid stat", "-json", env=env)
+    assert as_json.returncode == status and json.loads(as_json.stdout)["RECORDS"] == []
+
+
+def test_a_kill_reaches_every_process_of_the_job(cluster):
+    pid_file = cluster.work / "child.pid"
+    child = (
+        "import os, signal, time; os.setpgrp(); signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        f"open('{pid_file}.tmp', 'w').write(str(os.getpid())); "
+        f"os.rename('{pid_file}.tmp', '{pid_file}'); time.sleep(120)"
+    )
+    script = cluster.script("family", f'python3 -c "{child}" &\nwait\n')
+    job_id = cluster.submit(script)
+    wait_for(pid_file.exists, what="the job's child to start")
+    pid = int(pid_file.read_text())
+    assert cluster.cancel(job_id).returncode == 0
+    cluster.wait_state(job_id, "done")
+    wait_for(lambda: not Path(f"/proc/{pid}").exists(), what="the child in its own group to die")

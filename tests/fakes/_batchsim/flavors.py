@@ -2,16 +2,21 @@
 
 Sources, by flavor:
   pbspro  PBS Professional Reference Guide: qsub(1B) "ENVIRONMENT VARIABLES", qdel(1B)
-          "Sequence of Events" (SIGTERM, then SIGKILL after kill_delay); job.h
-          JOB_EXEC_KILL_WALLTIME (-29); the MoM's stderr note
-          "=>> PBS: job killed: walltime N exceeded limit M".
+          "Sequence of Events" (SIGTERM, then SIGKILL after kill_delay, to every process
+          of the job's session: OpenPBS mom kill_session); job.h JOB_EXEC_KILL_WALLTIME
+          (-29, from OpenPBS 22.05 / PBS Professional 2021.1; before, the job's own status
+          after the SIGTERM); the MoM's stderr note
+          "=>> PBS: job killed: walltime N exceeded limit M", written once the walltime
+          used is past the limit (mom_main.c mom_over_limit).
   torque  TORQUE Administrator Guide 6.1, "Job Exit Status" (-11 exceeded walltime,
           271 = 256 + SIGTERM for a cancelled running job) and "Exported batch
           environment variables" (PBS_NUM_PPN, PBS_NP, PBS_GPUFILE, ...).
   lsf     IBM Spectrum LSF 10.1 "Environment variables set for job execution"
           (LSB_JOBID, LSB_HOSTS, LSB_MCPU_HOSTS, LSB_DJOB_NUMPROC, ...), bkill
-          (SIGINT, SIGTERM, SIGKILL, JOB_TERMINATE_INTERVAL apart), RUNLIMIT
-          (SIGUSR2 then SIGKILL: "TERM_RUNLIMIT ... Exited with exit code 140").
+          (SIGINT, SIGTERM, SIGKILL, JOB_TERMINATE_INTERVAL apart, to all of the job's
+          processes), bsub -W ("the job is sent a SIGUSR2 signal, and is killed if it does
+          not terminate within ten minutes", the kill as bkill's: "TERM_RUNLIMIT: job killed
+          after reaching LSF run time limit").
 """
 
 from __future__ import annotations
@@ -27,8 +32,31 @@ KILL_SEQUENCE = {
     ("torque", "cancel"): [signal.SIGTERM, signal.SIGKILL],
     ("torque", "walltime"): [signal.SIGTERM, signal.SIGKILL],
     ("lsf", "cancel"): [signal.SIGINT, signal.SIGTERM, signal.SIGKILL],
-    ("lsf", "walltime"): [signal.SIGUSR2, signal.SIGKILL],
+    ("lsf", "walltime"): [signal.SIGUSR2, signal.SIGINT, signal.SIGTERM, signal.SIGKILL],
 }
+
+
+def next_delay(job: dict, cfg: dict) -> float:
+    """Seconds before the next signal of the job's kill sequence: LSF's run-limit grace after
+    the SIGUSR2, the kill delay (PBS kill_delay, LSF JOB_TERMINATE_INTERVAL) otherwise."""
+    if job["flavor"] == "lsf" and job["kill"] == "walltime" and job["kill_steps"] == 1:
+        return cfg["runlimit_grace"]
+    return cfg["kill_delay"]
+
+
+def walltime_deadline(job: dict) -> float:
+    """When the execution host ends a job for its walltime: LSF at the run limit; a PBS MoM
+    once the whole seconds used exceed the limit (mom_over_limit: used > limit)."""
+    extra = 0 if job["flavor"] == "lsf" else 1
+    return job["launch_time"] + job["walltime"] + extra
+
+
+def kills_walltime_with_a_code(cfg: dict) -> bool:
+    """Whether this PBS Professional reports a walltime kill as JOB_EXEC_KILL_WALLTIME: from
+    PBS Professional 2021.1 (year-numbered) and OpenPBS 22.05 (two-digit years)."""
+    head = str(cfg["pbs_version"]).split(".", 1)[0]
+    major = int(head) if head.isdigit() else 0
+    return major >= 2021 or 22 <= major < 100
 
 
 def full_id(job: dict, cfg: dict) -> str:
@@ -212,11 +240,14 @@ def pbs_exit_status(job: dict) -> int | None:
     """Exit_status (PBS Pro) / exit_status (Torque) of a finished job.
 
     A job killed by a signal reports 256 + the signal (271 for SIGTERM); a walltime
-    kill reports JOB_EXEC_KILL_WALLTIME (-29, PBS Pro) or JOB_EXEC_OVERLIMIT_WT (-11,
-    Torque 6); a job deleted before it ran has none.
+    kill reports JOB_EXEC_KILL_WALLTIME (-29, PBS Pro from 2021.1, kept as limit_code; before,
+    the job's own status) or JOB_EXEC_OVERLIMIT_WT (-11, Torque 6); a job deleted before it
+    ran has none.
     """
-    if job["kill"] == "walltime":
-        return -29 if job["flavor"] == "pbspro" else -11
+    if job["kill"] == "walltime" and job["flavor"] == "torque":
+        return -11
+    if job["kill"] == "walltime" and job.get("limit_code") is not None:
+        return job["limit_code"]
     if job["launch_time"] is None and job.get("lost") is None:
         return None
     if job.get("lost"):

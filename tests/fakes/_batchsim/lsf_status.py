@@ -8,6 +8,8 @@ finished"; bkill 0 for all of one's jobs). Exit statuses follow the open-source 
 lineage (volclava lsbatch/cmd/bjobs.c): 255 when a requested job is not found or
 nothing is displayed; with -json, 0 as soon as one record is displayed and the
 missing ones appear as {"JOBID": "<id>", "ERROR": "Job <id> is not found"}.
+Nothing to show without ids exits 0, or 255 where LSB_BJOBS_CONSISTENT_EXIT_CODE=Y
+(IBM Spectrum LSF 10.1 Configuration Reference, lsf.conf; default N).
 """
 
 from __future__ import annotations
@@ -118,7 +120,7 @@ def bjobs_main(flavor: str, argv: list[str]) -> int:
         key = next((k for k in ("-a", "-d", "-p", "-r", "-s") if k in flags), "")
         if not as_json:
             sys.stderr.write(EMPTY[key] + "\n")
-        return 255
+        return 255 if cfg["bjobs_consistent_exit_code"] else 0
     if not shown or (missing and not as_json):
         return 255
     return 0

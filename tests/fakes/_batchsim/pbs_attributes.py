@@ -66,12 +66,14 @@ def _used(job: dict, now: float) -> dict:
 
 
 def _substate(job: dict) -> int:
+    """OpenPBS svr_jobfunc.c, a job entering history: 91 (TERMINATED) after qdel, 93 (FAILED)
+    for a non-zero exit status, 92 (FINISHED) otherwise."""
     letter = state_letter(job)
     if letter != "F":
         return SUBSTATE[letter]
     if job["kill"] == "cancel":
         return 91
-    return 93 if job["kill"] == "walltime" else 92
+    return 92 if pbs_exit_status(job) in (0, None) else 93
 
 
 def _mtime(job: dict) -> float:

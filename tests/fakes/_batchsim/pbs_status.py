@@ -34,7 +34,14 @@ QSTAT_USAGE = {
     "torque": "usage: qstat [-f [-1]] [-W site_specific] [-x] [ job_identifier... | "
     "destination... ]\n",
 }
-PBS_VERSION = "2022.1.3.20230614134139"
+# OpenPBS src/lib/Liblog/pbs_messages.c (PBSE_JOBHISTNOTSET) and qstat.c: with -x while
+# job_history_enable is off the server refuses the whole request; qstat prints this for each
+# operand and exits 0.
+HISTORY_OFF = "PBS is not configured to maintain job history"
+# PBSE_PERM (15007 & 0xff): a job of another user while query_other_jobs is false; PBS
+# Professional's qstat stops at the first one, Torque's goes on (and exits with the first
+# error, where PBS Professional exits with the last).
+UNAUTHORIZED = ("qstat: Unauthorized Request ", 159)
 
 
 def _seq(operand: str, cfg: dict) -> int | None:
@@ -51,53 +58,84 @@ def _shown_id(operand: str, cfg: dict) -> str:
     return operand if "." in operand else f"{operand}.{cfg['server']}"
 
 
+def _gone(flavor: str, job: dict, cfg: dict) -> bool:
+    """PBS Professional without job history forgets a job once it has finished."""
+    return flavor == "pbspro" and job["state"] == DONE and not cfg["job_history_enable"]
+
+
+def _visible(job: dict, cfg: dict) -> bool:
+    uid = os.getuid()
+    return uid == 0 or cfg["query_other_jobs"] or job["uid"] == uid
+
+
+def _listed(flavor: str, job: dict, history: bool) -> bool:
+    return history or flavor == "torque" or job["state"] != DONE
+
+
 def _select(
     flavor: str, data: dict, operands: list[str], history: bool, users: set | None
 ) -> tuple[list[dict], list[tuple[str, int]]]:
     cfg, jobs = data["config"], data["jobs"]
-    chosen, errors = [], []
+    if flavor == "pbspro" and history and not cfg["job_history_enable"]:
+        shown = [_shown_id(o, cfg) if o[:1].isdigit() else o for o in operands] or [""]
+        return [], [(f"qstat: {HISTORY_OFF} {name}".rstrip(), 0) for name in shown]
+    ordered = sorted(jobs.values(), key=lambda j: j["id"])
     if not operands:
-        for job in sorted(jobs.values(), key=lambda j: j["id"]):
-            if job["state"] == DONE and flavor == "pbspro" and not history:
-                continue
-            if users and job["owner"] not in users:
-                continue
-            chosen.append(job)
-        return chosen, errors
+        chosen = [
+            j
+            for j in ordered
+            if _listed(flavor, j, history)
+            and not _gone(flavor, j, cfg)
+            and _visible(j, cfg)
+            and not (users and j["owner"] not in users)
+        ]
+        return chosen, []
+    chosen, errors = [], []
     for operand in operands:
         if not operand[:1].isdigit():
             queue = operand.split("@")[0]
             chosen.extend(
                 j
-                for j in sorted(jobs.values(), key=lambda j: j["id"])
+                for j in ordered
                 if (not queue or j["queue"] == queue)
-                and (history or flavor == "torque" or j["state"] != DONE)
+                and _listed(flavor, j, history)
+                and not _gone(flavor, j, cfg)
+                and _visible(j, cfg)
             )
             continue
-        seq = _seq(operand, cfg)
-        job = jobs.get(str(seq)) if seq is not None else None
-        shown = _shown_id(operand, cfg)
-        if job is None:
-            text = "Unknown Job Id Error" if flavor == "torque" else "Unknown Job Id"
-            errors.append((f"qstat: {text} {shown}", 153))
-        elif job["state"] == DONE and flavor == "pbspro" and not history:
-            errors.append(
-                (
-                    f"qstat: {shown} Job has finished, use -x or -H to obtain "
-                    "historical job information",
-                    35,
-                )
-            )
-        else:
-            chosen.append(job)
+        error = _one(flavor, jobs, operand, cfg, history, chosen)
+        if error:
+            errors.append(error)
+            if flavor == "pbspro" and error[1] == UNAUTHORIZED[1]:
+                break
     return chosen, errors
+
+
+def _one(
+    flavor: str, jobs: dict, operand: str, cfg: dict, history: bool, chosen: list[dict]
+) -> tuple[str, int] | None:
+    seq = _seq(operand, cfg)
+    job = jobs.get(str(seq)) if seq is not None else None
+    shown = _shown_id(operand, cfg)
+    if job is None or _gone(flavor, job, cfg):
+        text = "Unknown Job Id Error" if flavor == "torque" else "Unknown Job Id"
+        return f"qstat: {text} {shown}", 153
+    if not _visible(job, cfg):
+        return f"{UNAUTHORIZED[0]} {shown}", UNAUTHORIZED[1]
+    if not _listed(flavor, job, history):
+        return (
+            f"qstat: {shown} Job has finished, use -x or -H to obtain historical job information",
+            35,
+        )
+    chosen.append(job)
+    return None
 
 
 def qstat_main(flavor: str, argv: list[str]) -> int:
     if argv == ["--version"]:
-        sys.stdout.write(
-            f"pbs_version = {PBS_VERSION}\n" if flavor == "pbspro" else "Version: 6.1.3\n"
-        )
+        with Sim(flavor).reading() as data:
+            version = data["config"]["pbs_version"]
+        sys.stdout.write(f"pbs_version = {version}\n" if flavor == "pbspro" else "Version: 6.1.3\n")
         return 0
     try:
         opts, operands = short_options(argv, QSTAT_OPTIONS[flavor])
@@ -135,7 +173,10 @@ def qstat_main(flavor: str, argv: list[str]) -> int:
                 flags.get("-F") == "dsv",
             )
         )
-    return errors[-1][1] if errors else 0
+    statuses = [status for _, status in errors if status]
+    if not statuses:
+        return 0
+    return statuses[0] if flavor == "torque" else statuses[-1]
 
 
 def _variables(sim: Sim, job: dict) -> dict:
@@ -147,7 +188,11 @@ def _variables(sim: Sim, job: dict) -> dict:
 
 
 def _json(chosen: list[dict], cfg: dict, sim: Sim, now: float) -> str:
-    report: dict = {"timestamp": int(now), "pbs_version": PBS_VERSION, "pbs_server": cfg["server"]}
+    report: dict = {
+        "timestamp": int(now),
+        "pbs_version": cfg["pbs_version"],
+        "pbs_server": cfg["server"],
+    }
     if chosen:
         report["Jobs"] = {
             f"{j['id']}.{cfg['server']}": pbs_attributes.pbspro(j, cfg, now, _variables(sim, j))
@@ -208,7 +253,7 @@ def _delete(flavor: str, data: dict, operand: str, history: bool) -> tuple[str, 
     seq = _seq(operand, cfg)
     shown = _shown_id(operand, cfg)
     job = data["jobs"].get(str(seq)) if seq is not None else None
-    if job is None:
+    if job is None or _gone(flavor, job, cfg):
         if seq is None and not operand[:1].isdigit():
             return f"qdel: illegally formed job identifier: {operand}", 1
         return f"qdel: Unknown Job Id {shown}", 153

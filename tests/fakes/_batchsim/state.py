@@ -27,10 +27,37 @@ QUEUED, RUNNING, DONE = "queued", "running", "done"
 _SEPARATORS = (",", ":")
 
 
+# On/off server settings (tests/fakes/README.md, "The settings sites change"): variable ->
+# config key.
+_SWITCHES = {
+    "KLIQUE_SIM_JOB_HISTORY_ENABLE": "job_history_enable",
+    "KLIQUE_SIM_QUERY_OTHER_JOBS": "query_other_jobs",
+    "KLIQUE_SIM_BJOBS_CONSISTENT_EXIT_CODE": "bjobs_consistent_exit_code",
+}
+_TRUE = {"1", "y", "yes", "t", "true"}
+# The vendor's default of each setting (PBS Professional 2022 Reference Guide, "Server
+# Attributes": job_history_enable false; OpenPBS pbsd_init.c: query_other_jobs true; TORQUE
+# 6.1 "Server parameters": query_other_jobs false; IBM Spectrum LSF 10.1 lsf.conf:
+# LSB_BJOBS_CONSISTENT_EXIT_CODE=N; bsub -W: SIGUSR2, then the kill ten minutes later).
+VENDOR_DEFAULTS = {
+    "pbspro": {"job_history_enable": False, "query_other_jobs": True},
+    "torque": {"job_history_enable": False, "query_other_jobs": False},
+    "lsf": {"bjobs_consistent_exit_code": False, "runlimit_grace": 600.0},
+}
+PBS_VERSION = "2022.1.3.20230614134139"
+
+
 def _config_from_env() -> dict:
     """Server settings the environment names explicitly (others keep their stored value)."""
     env = os.environ
     found: dict = {}
+    for name, key in _SWITCHES.items():
+        if env.get(name):
+            found[key] = env[name].strip().lower() in _TRUE
+    if env.get("KLIQUE_SIM_PBS_VERSION"):
+        found["pbs_version"] = env["KLIQUE_SIM_PBS_VERSION"].strip()
+    if env.get("KLIQUE_SIM_LSF_RUNLIMIT_GRACE"):
+        found["runlimit_grace"] = env_float("KLIQUE_SIM_LSF_RUNLIMIT_GRACE", 600.0)
     if env.get("KLIQUE_SIM_GPUS"):
         found["gpus"] = env_int("KLIQUE_SIM_GPUS", 4)
     if env.get("KLIQUE_SIM_CPUS"):
@@ -40,7 +67,7 @@ def _config_from_env() -> dict:
     if env.get("KLIQUE_SIM_KEEP"):
         found["keep"] = env_float("KLIQUE_SIM_KEEP", 300.0)
     if env.get("KLIQUE_SIM_KILL_DELAY"):
-        found["kill_delay"] = env_float("KLIQUE_SIM_KILL_DELAY", 2.0)
+        found["kill_delay"] = env_float("KLIQUE_SIM_KILL_DELAY", 10.0)
     if env.get("KLIQUE_SIM_QUEUES"):
         found["queues"] = [q.strip() for q in env["KLIQUE_SIM_QUEUES"].split(",") if q.strip()]
     if env.get("KLIQUE_SIM_LSF_MINUTE"):
@@ -59,12 +86,14 @@ def default_config(flavor: str) -> dict:
         "cpus": 16,
         "mem_mb": 64 * 1024,
         "keep": 300.0,
-        "kill_delay": 2.0,
+        "kill_delay": 10.0,  # PBS kill_delay, LSF JOB_TERMINATE_INTERVAL
         "queues": [DEFAULT_QUEUES[flavor]],
         "lsf_minute": 60.0,
         "server": host,
         "host": host,
         "cluster": "klique_cluster",
+        "pbs_version": PBS_VERSION,
+        **VENDOR_DEFAULTS[flavor],
     }
 
 

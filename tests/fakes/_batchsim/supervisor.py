@@ -148,21 +148,22 @@ class Supervisor:
             return
         if job["cancel"] and not job["kill"]:
             job.update(kill="cancel", kill_next=now, kill_steps=0)
-        deadline = None if job["walltime"] is None else job["launch_time"] + job["walltime"]
+        deadline = None if job["walltime"] is None else flavors.walltime_deadline(job)
         if deadline is not None and not job["kill"]:
             if now >= deadline:
                 job.update(kill="walltime", kill_next=now, kill_steps=0)
+                if flavors.kills_walltime_with_a_code(cfg):
+                    job["limit_code"] = -29  # JOB_EXEC_KILL_WALLTIME (PBS Professional)
                 _append(_stderr_path(job), flavors.walltime_note(job, now))
             else:
                 self._due(deadline)
         if job["kill"] and job["kill_next"] is not None:
             if now >= job["kill_next"]:
                 steps = flavors.KILL_SEQUENCE[(job["flavor"], job["kill"])]
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(job["pid"], steps[job["kill_steps"]])
+                signal_job(job["pid"], steps[job["kill_steps"]])
                 job["kill_steps"] += 1
                 more = job["kill_steps"] < len(steps)
-                job["kill_next"] = now + cfg["kill_delay"] if more else None
+                job["kill_next"] = now + flavors.next_delay(job, cfg) if more else None
             if job["kill_next"] is not None:
                 self._due(job["kill_next"])
 
@@ -207,8 +208,7 @@ class Supervisor:
     def _after(self, job: dict, cfg: dict) -> None:
         """Clean up after a job the way the execution host does once it has exited."""
         if job["pid"]:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(job["pid"], signal.SIGKILL)
+            signal_job(job["pid"], signal.SIGKILL)
         job_dir = self.sim.job_dir(job["id"])
         files = flavors.owned_files(job, self.sim.tmp_dir, cfg, job_dir)
         import shutil
@@ -217,6 +217,31 @@ class Supervisor:
         if job["flavor"] == "lsf" and job["stdout"]:
             script = job["native"].get("command") or _read(files["script"])
             _append(job["stdout"], flavors.lsf_report(job, cfg, script))
+
+
+def signal_job(session: int, signum: int) -> None:
+    """The signal to every process of the job: its session, which the job started (the
+    runner puts its task in a group of its own, in the same session), as a MoM signals the
+    job's session and LSF every process it tracks for the job."""
+    targets = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and _session_of(entry) == session:
+            targets.add(int(entry))
+    for pid in sorted(targets):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signum)
+
+
+def _session_of(pid: str) -> int | None:
+    """The session id in /proc/<pid>/stat (the sixth field; the name before it may hold
+    spaces and parentheses)."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            stat = handle.read()
+    except OSError:
+        return None
+    fields = stat[stat.rfind(")") + 2 :].split()
+    return int(fields[3]) if len(fields) > 3 and fields[3].isdigit() else None
 
 
 def _alive(pid: int | None) -> bool:
