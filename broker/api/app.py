@@ -34,6 +34,7 @@ from broker.scheduler.loop import HOLDING, Scheduler, _active
 from broker.simulate import Trace, queued_of, simulate
 from broker.store.repository import token_digest
 from broker.usage import Run, UsageKey, summarise
+from broker.web import session as web_session
 from inside_job.reporter import decode_prefix
 
 API = "/api/v1"
@@ -82,9 +83,11 @@ def create_app(scheduler: Scheduler, lifespan: Any = None) -> FastAPI:
         status = 404 if isinstance(exc, NotFound) else 403 if isinstance(exc, NotPermitted) else 400
         return JSONResponse({"detail": str(exc)}, status_code=status)
 
-    def caller(authorization: Annotated[str | None, Header()] = None) -> Caller:
+    def caller(request: Request, authorization: Annotated[str | None, Header()] = None) -> Caller:
         token = (authorization or "").removeprefix("Bearer ").strip()
         found = scheduler.store.user_for_token(token) if token else None
+        if found is None and not token:
+            found = web_caller(scheduler.store, request)  # the web UI's session cookie
         if found is None:
             raise HTTPException(
                 401,
@@ -96,10 +99,7 @@ def create_app(scheduler: Scheduler, lifespan: Any = None) -> FastAPI:
     Auth = Annotated[Caller, Depends(caller)]
 
     def own_task(task_id: int, who: Caller) -> Task:
-        task = scheduler.store.get(task_id)
-        if task.owner != who.user and not who.admin:
-            raise NotFound(f"no task {task_id} of yours; `klique ls` lists your tasks")
-        return task
+        return owned_task(scheduler, task_id, who)
 
     @app.get(f"{API}/health")
     def health() -> dict[str, Any]:
@@ -181,27 +181,7 @@ def create_app(scheduler: Scheduler, lifespan: Any = None) -> FastAPI:
 
     @app.get(f"{API}/tasks/{{task_id}}/why")
     def why(task_id: TaskId, who: Auth) -> WhyOut:
-        task = own_task(task_id, who)
-        reason = scheduler.pending.get(task.id)
-        if reason is None:
-            return WhyOut(
-                id=task.id,
-                state=task.state,
-                waiting=False,
-                primary="",
-                sentence="",
-                detail=task.reason or f"the task is {task.state.value}",
-                pools={},
-            )
-        return WhyOut(
-            id=task.id,
-            state=task.state,
-            waiting=True,
-            primary=reason.primary.value,
-            sentence=reason.primary.sentence,
-            detail=reason.detail,
-            pools=dict(reason.pools),
-        )
+        return why_out(scheduler, own_task(task_id, who))
 
     @app.get(f"{API}/tasks/{{task_id}}/logs")
     async def logs(
@@ -264,55 +244,109 @@ def create_app(scheduler: Scheduler, lifespan: Any = None) -> FastAPI:
     @app.get(f"{API}/usage")
     def usage(who: Auth, by: UsageKey = "team", since: float | None = None) -> UsageOut:
         """GPU-seconds and wall seconds from the ledger; admins see everyone, users themselves."""
-        until = time.time()
-        runs = [
-            Run(r.owner, r.team, r.project, r.resource, r.pool, r.gpus, r.start, r.end)
-            for r in scheduler.store.ledger(since=since)
-            if who.admin or r.owner == who.user
-        ]
-        return UsageOut(
-            by=by,
-            since=since,
-            until=until,
-            everyone=who.admin,
-            rows=[
-                UsageLineOut(
-                    key=line.key,
-                    runs=line.runs,
-                    gpu_seconds=line.gpu_seconds,
-                    gpu_hours=line.gpu_hours,
-                    wall_seconds=line.wall_seconds,
-                    ongoing=line.ongoing,
-                )
-                for line in summarise(runs, by, until, since)
-            ],
-        )
+        return usage_out(scheduler, who, by, since)
 
     @app.post(f"{API}/policy/simulate")
     def policy_simulate(body: SimulateRequest, who: Auth) -> SimulationOut:
         """One placement cycle of the current queue under a changed estate; changes nothing."""
-        if not who.admin:
-            raise NotPermitted(
-                "only an admin token can simulate a changed estate; ask the platform team"
-            )
-        estate = parse_estate(body.estate, body.source)
-        now = time.time()
-        store = scheduler.store
-        queued = [queued_of(t) for t in store.tasks(states=[TaskState.QUEUED])]
-        active = [_active(t, now) for t in store.tasks(states=HOLDING)]
-        half_life = estate.fair_share_half_life_s
-        ledger = store.ledger(since=now - 10 * half_life)
-        shares = decayed_usage(
-            [UsageRow(r.team or "", r.start, r.end, r.gpus) for r in ledger], now, half_life
-        )
-        states = dict(scheduler.pool_states)
-        result = simulate(estate, queued, active, states, shares, now)
-        out = SimulationOut.model_validate(result.to_dict())
-        if body.include_trace:
-            out.trace = Trace(queued, active, states, shares, now).to_dict()
-        return out
+        return simulation_out(scheduler, body, who)
 
+    from broker.web.ui import web_router  # the web UI uses this module's helpers below
+
+    app.include_router(web_router(scheduler))
     return app
+
+
+def web_caller(store: Any, request: Request) -> tuple[str, bool] | None:
+    """The user of a signed-in browser; a state-changing request must carry its CSRF token."""
+    session = web_session.current(store, request)
+    if session is None:
+        return None
+    if request.method not in web_session.SAFE_METHODS and not web_session.csrf_ok(
+        session, request.headers.get(web_session.CSRF_HEADER)
+    ):
+        raise HTTPException(403, "missing or wrong X-CSRF-Token header; reload the page")
+    return session.user, session.admin
+
+
+def owned_task(scheduler: Scheduler, task_id: int, who: Caller) -> Task:
+    """The task if `who` owns it or is an admin; otherwise the same answer as a missing one."""
+    task = scheduler.store.get(task_id)
+    if task.owner != who.user and not who.admin:
+        raise NotFound(f"no task {task_id} of yours; `klique ls` lists your tasks")
+    return task
+
+
+def why_out(scheduler: Scheduler, task: Task) -> WhyOut:
+    reason = scheduler.pending.get(task.id)
+    if reason is None:
+        return WhyOut(
+            id=task.id,
+            state=task.state,
+            waiting=False,
+            primary="",
+            sentence="",
+            detail=task.reason or f"the task is {task.state.value}",
+            pools={},
+        )
+    return WhyOut(
+        id=task.id,
+        state=task.state,
+        waiting=True,
+        primary=reason.primary.value,
+        sentence=reason.primary.sentence,
+        detail=reason.detail,
+        pools=dict(reason.pools),
+    )
+
+
+def usage_out(scheduler: Scheduler, who: Caller, by: UsageKey, since: float | None) -> UsageOut:
+    until = time.time()
+    runs = [
+        Run(r.owner, r.team, r.project, r.resource, r.pool, r.gpus, r.start, r.end)
+        for r in scheduler.store.ledger(since=since)
+        if who.admin or r.owner == who.user
+    ]
+    return UsageOut(
+        by=by,
+        since=since,
+        until=until,
+        everyone=who.admin,
+        rows=[
+            UsageLineOut(
+                key=line.key,
+                runs=line.runs,
+                gpu_seconds=line.gpu_seconds,
+                gpu_hours=line.gpu_hours,
+                wall_seconds=line.wall_seconds,
+                ongoing=line.ongoing,
+            )
+            for line in summarise(runs, by, until, since)
+        ],
+    )
+
+
+def simulation_out(scheduler: Scheduler, body: SimulateRequest, who: Caller) -> SimulationOut:
+    if not who.admin:
+        raise NotPermitted(
+            "only an admin token can simulate a changed estate; ask the platform team"
+        )
+    estate = parse_estate(body.estate, body.source)
+    now = time.time()
+    store = scheduler.store
+    queued = [queued_of(t) for t in store.tasks(states=[TaskState.QUEUED])]
+    active = [_active(t, now) for t in store.tasks(states=HOLDING)]
+    half_life = estate.fair_share_half_life_s
+    ledger = store.ledger(since=now - 10 * half_life)
+    shares = decayed_usage(
+        [UsageRow(r.team or "", r.start, r.end, r.gpus) for r in ledger], now, half_life
+    )
+    states = dict(scheduler.pool_states)
+    result = simulate(estate, queued, active, states, shares, now)
+    out = SimulationOut.model_validate(result.to_dict())
+    if body.include_trace:
+        out.trace = Trace(queued, active, states, shares, now).to_dict()
+    return out
 
 
 def _task_out(task: Task, scheduler: Scheduler, detail: bool = False) -> TaskOut:

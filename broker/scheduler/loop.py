@@ -48,6 +48,7 @@ class Scheduler:
     interval_s: float = 0.5
     pending: dict[int, PendingReason] = field(default_factory=dict)
     pool_states: dict[str, PoolState] = field(default_factory=dict)
+    last_good: dict[str, float] = field(default_factory=dict)  # pool -> its last good answer
     cycles: int = 0
     _wake: asyncio.Event = field(default_factory=asyncio.Event)
     _loop: asyncio.AbstractEventLoop | None = None
@@ -93,6 +94,7 @@ class Scheduler:
             *(self._capacity(name, tasks) for name, tasks in holding.items())
         )
         self.pool_states = {s.name: s for s in states}
+        self.last_good.update({s.name: time.time() for s in states if s.reachable})
         await self._place(
             self.store.tasks(states=[TaskState.QUEUED]),
             [t for tasks in holding.values() for t in tasks],

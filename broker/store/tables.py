@@ -17,7 +17,7 @@ class TaskRow(Base):
     name: Mapped[str] = mapped_column(String(200), default="")
     owner: Mapped[str] = mapped_column(String(64), index=True)
     team: Mapped[str | None] = mapped_column(String(64), nullable=True)
-    project: Mapped[str] = mapped_column(String(200), default="default")
+    project: Mapped[str] = mapped_column(String(200), default="default", index=True)
     resource: Mapped[str] = mapped_column(String(64))
     state: Mapped[str] = mapped_column(String(16), index=True)
     reason: Mapped[str] = mapped_column(Text, default="")
@@ -44,7 +44,7 @@ class TaskRow(Base):
     submitted_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     started_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
-    updated_at: Mapped[float] = mapped_column(Float)
+    updated_at: Mapped[float] = mapped_column(Float, index=True)  # the UI follows changes
 
 
 class TaskEventRow(Base):
@@ -96,3 +96,15 @@ class LedgerRow(Base):
     start: Mapped[float] = mapped_column(Float, index=True)
     end: Mapped[float | None] = mapped_column(Float, nullable=True)
     gpu_seconds: Mapped[float] = mapped_column(Float, default=0.0)
+
+
+class WebSessionRow(Base):
+    """A signed-in browser: the session id's SHA-256 only; the id itself is in the cookie."""
+
+    __tablename__ = "web_sessions"
+
+    digest: Mapped[str] = mapped_column(String(64), primary_key=True)
+    user: Mapped[str] = mapped_column(String(64), index=True)
+    admin: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[float] = mapped_column(Float)
+    expires_at: Mapped[float] = mapped_column(Float, index=True)

@@ -1,0 +1,277 @@
+"""The task pages: the live list (filters, search, paging, multi-select cancel), one task (its
+timeline, console, scalars, code, where it ran, why it waits), clone, and compare."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+from fastapi import APIRouter, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+
+from broker.api.app import _read_console, _task_out, owned_task, why_out
+from broker.api.schemas import TaskOut
+from broker.domain import Task, TaskState
+from broker.errors import NotFound
+from broker.store import web as web_store
+from broker.web.features import CLONE
+from broker.web.render import HEADERS
+from broker.web.ui import Viewer, Web, safe_next
+from inside_job.reporter import decode_prefix
+
+PAGE = 100
+DIFF_LINES = 5000  # lines of an uncommitted diff shown on the page
+MAX_COMPARE = 8
+
+
+def task_filter(request: Request, who: Viewer) -> tuple[web_store.TaskFilter, list[str]]:
+    """The list's filter from the query string, and what in it was not understood."""
+    params = request.query_params
+    problems = []
+    known = {s.value for s in TaskState}
+    states = []
+    for value in params.getlist("state"):
+        if value in known:
+            states.append(TaskState(value))
+        elif value:
+            problems.append(f"unknown state {value!r} left out")
+    owner = who.user
+    if who.admin:
+        owner = params.get("owner") or None  # type: ignore[assignment]
+    where = web_store.TaskFilter(
+        owner=owner,
+        states=tuple(states),
+        project=params.get("project") or None,
+        search=(params.get("q") or "").strip()[:200],
+    )
+    return where, problems
+
+
+def _before(request: Request) -> int | None:
+    value = request.query_params.get("before", "")
+    return int(value) if value.isdigit() and 0 < int(value) < 2**63 else None
+
+
+def list_context(web: Web, request: Request, who: Viewer) -> dict[str, Any]:
+    where, problems = task_filter(request, who)
+    before = _before(request)
+    found = web_store.task_page(web.store, where, before, PAGE)
+    rows = [_task_out(t, web.scheduler) for t in found.tasks]
+    query: list[tuple[str, str | int | float | bool | None]] = [
+        (k, v) for k, v in request.query_params.multi_items() if k != "before"
+    ]
+    return {
+        "rows": rows,
+        "where": where,
+        "problems": problems,
+        "before": before,
+        "next_before": found.next_before,
+        "searched_to": found.searched_to,
+        "states": [s.value for s in TaskState if s is not TaskState.CREATED],
+        "projects": web_store.projects(web.store, None if who.admin else who.user),
+        "owners": web_store.owners(web.store) if who.admin else [],
+        "query": httpx.QueryParams(query),
+    }
+
+
+def _diff_lines(diff: str) -> tuple[list[tuple[str, str]], int]:
+    """(css class, line) for the first DIFF_LINES lines, and how many lines there are."""
+    lines = diff.splitlines()
+    shown = []
+    for line in lines[:DIFF_LINES]:
+        if line.startswith(("diff --git", "+++", "---", "index ")):
+            kind = "file"
+        elif line.startswith("@@"):
+            kind = "hunk"
+        elif line.startswith("+"):
+            kind = "add"
+        elif line.startswith("-"):
+            kind = "del"
+        else:
+            kind = ""
+        shown.append((kind, line))
+    return shown, len(lines)
+
+
+async def console_text(web: Web, task: Task) -> tuple[str, int]:
+    data = await _read_console(task, web.scheduler, 0)
+    text, used = decode_prefix(data, task.state.final)
+    return text, used
+
+
+def chart_data(outs: list[TaskOut]) -> dict[str, Any]:
+    """One chart per scalar name; a series per task (steps on x; the order when no step)."""
+    charts: dict[str, list[dict[str, Any]]] = {}
+    for out in outs:
+        series: dict[str, list[list[float]]] = {}
+        for i, s in enumerate(out.scalars):
+            x = s["step"] if s["step"] is not None else i
+            series.setdefault(s["name"], []).append([x, s["value"]])
+        for name, points in series.items():
+            charts.setdefault(name, []).append({"label": f"task {out.id}", "points": points})
+    return {"charts": [{"name": n, "series": s} for n, s in sorted(charts.items())]}
+
+
+def _differs(values: list[Any]) -> bool:
+    return len({json.dumps(v, sort_keys=True, default=str) for v in values}) > 1
+
+
+def compare_rows(outs: list[TaskOut]) -> list[tuple[str, list[Any], bool]]:
+    """(field, value per task, whether they differ), parameters first when the API has them."""
+    rows: list[tuple[str, list[Any], bool]] = []
+    params = [getattr(o, "parameters", None) or {} for o in outs]
+    for key in sorted({k for p in params for k in p}):
+        values = [p.get(key, "-") for p in params]
+        rows.append((f"parameter {key}", values, _differs(values)))
+    for key in ("name", "project", "resource", "state", "pool", "exit_code", "owner"):
+        values = [getattr(o, key) for o in outs]
+        rows.append((key, values, _differs(values)))
+    commands = [" ".join(o.command) for o in outs]
+    rows.append(("command", commands, _differs(commands)))
+    code = [f"{o.code['repo']}@{o.code['commit']}" if o.code else "-" for o in outs]
+    rows.append(("code", code, _differs(code)))
+    return rows
+
+
+def add_routes(router: APIRouter, web: Web) -> None:
+    scheduler = web.scheduler
+
+    @router.get("/")
+    def home(request: Request) -> Response:
+        web.viewer(request)
+        return RedirectResponse("/tasks", status_code=303, headers=HEADERS)
+
+    @router.get("/tasks")
+    def tasks(request: Request) -> HTMLResponse:
+        who = web.viewer(request)
+        return web.page(request, who, "tasks.html", **list_context(web, request, who))
+
+    @router.get("/tasks/{task_id}")
+    async def task(request: Request, task_id: int) -> HTMLResponse:
+        who = web.viewer(request)
+        try:
+            found = owned_task(scheduler, task_id, who.caller)
+        except NotFound as exc:
+            return web.error(request, who, 404, str(exc))
+        out = _task_out(found, scheduler, detail=True)
+        console, offset = await console_text(web, found)
+        diff, diff_total = _diff_lines(found.spec.code.diff if found.spec.code else "")
+        last_scalar = web_store.scalars_after(web.store, [found.id])
+        return web.page(
+            request,
+            who,
+            "task.html",
+            task=out,
+            why=why_out(scheduler, found),
+            console=console,
+            offset=offset,
+            diff=diff,
+            diff_total=diff_total,
+            charts=chart_data([out]),
+            scalar_cursor=last_scalar[-1]["id"] if last_scalar else 0,
+        )
+
+    @router.post("/tasks/{task_id}/cancel")
+    async def cancel(request: Request, task_id: int) -> Response:
+        who, form = await web.posted(request)
+        try:
+            found = owned_task(scheduler, task_id, who.caller)
+        except NotFound as exc:
+            return web.error(request, who, 404, str(exc))
+        if not found.state.final:
+            await scheduler.cancel(found)
+        back = safe_next(str(form.get("back") or f"/tasks/{task_id}"))
+        return RedirectResponse(back, status_code=303, headers=HEADERS)
+
+    @router.post("/tasks/cancel")
+    async def cancel_many(request: Request) -> Response:
+        who, form = await web.posted(request)
+        ids = [int(v) for v in form.getlist("id") if isinstance(v, str) and v.isdigit()]
+        missing = []
+        for task_id in ids[:1000]:
+            try:
+                found = owned_task(scheduler, task_id, who.caller)
+            except NotFound:
+                missing.append(str(task_id))
+                continue
+            if not found.state.final:
+                await scheduler.cancel(found)
+        if missing:
+            return web.error(
+                request, who, 404, f"no task {', '.join(missing)} of yours; nothing done to them"
+            )
+        back = safe_next(str(form.get("back") or "/tasks"))
+        return RedirectResponse(back, status_code=303, headers=HEADERS)
+
+    @router.get("/compare")
+    def compare(request: Request) -> HTMLResponse:
+        who = web.viewer(request)
+        text = " ".join(request.query_params.getlist("ids"))
+        wanted = [int(w) for w in text.replace(",", " ").split() if w.isdigit()][:MAX_COMPARE]
+        outs, problems = [], []
+        for task_id in dict.fromkeys(wanted):
+            try:
+                found = owned_task(scheduler, task_id, who.caller)
+            except NotFound as exc:
+                problems.append(str(exc))
+                continue
+            outs.append(_task_out(found, scheduler, detail=True))
+        return web.page(
+            request,
+            who,
+            "compare.html",
+            tasks=outs,
+            ids=" ".join(str(i) for i in wanted),
+            problems=problems,
+            rows=compare_rows(outs) if len(outs) > 1 else [],
+            charts=chart_data(outs),
+        )
+
+    @router.get("/tasks/{task_id}/clone")
+    def clone_form(request: Request, task_id: int) -> HTMLResponse:
+        who = web.viewer(request)
+        try:
+            out = _task_out(owned_task(scheduler, task_id, who.caller), scheduler)
+        except NotFound as exc:
+            return web.error(request, who, 404, str(exc))
+        if not web.features(request).clone:
+            return web.error(request, who, 404, "this server's API has no clone yet")
+        return web.page(request, who, "clone.html", task=out, error="")
+
+    @router.post("/tasks/{task_id}/clone")
+    async def clone(request: Request, task_id: int) -> Response:
+        who, form = await web.posted(request)
+        try:
+            out = _task_out(owned_task(scheduler, task_id, who.caller), scheduler)
+        except NotFound as exc:
+            return web.error(request, who, 404, str(exc))
+        if not web.features(request).clone:
+            return web.error(request, who, 404, "this server's API has no clone yet")
+        params = edited_parameters(getattr(out, "parameters", None) or {}, form)
+        answer = await web.call_api(
+            request, who, "POST", CLONE.format(task_id=task_id), {"parameters": params}
+        )
+        if answer.status_code >= 400:
+            error = str(answer.json().get("detail", answer.text))
+            return web.page(request, who, "clone.html", answer.status_code, task=out, error=error)
+        new_id = int(answer.json()["id"])
+        return RedirectResponse(f"/tasks/{new_id}", status_code=303, headers=HEADERS)
+
+
+def edited_parameters(original: dict[str, Any], form: Any) -> dict[str, Any]:
+    """The form's `param.NAME` fields, typed like the original values: text stays text, other
+    values are read as JSON (so 0.01 stays a number); a value that does not parse is text."""
+    params = dict(original)
+    for key, value in form.multi_items():
+        if not key.startswith("param.") or not isinstance(value, str):
+            continue
+        name = key.removeprefix("param.")
+        if isinstance(original.get(name), str):
+            params[name] = value
+            continue
+        try:
+            params[name] = json.loads(value)
+        except ValueError:
+            params[name] = value
+    return params
