@@ -10,7 +10,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -26,11 +26,16 @@ def free_port() -> int:
 
 
 @contextmanager
-def klique_server(estate_text: str | None = None) -> Iterator[tuple[httpx.Client, Path]]:
-    """A server on loopback with its own home; yields an authenticated API client."""
+def klique_server(
+    estate_text: str | None = None, prepare: Callable[[Path], None] | None = None
+) -> Iterator[tuple[httpx.Client, Path]]:
+    """A server on loopback with its own home (first filled by `prepare(home)`, if given);
+    yields an authenticated API client."""
     with tempfile.TemporaryDirectory(prefix="klique-bench-") as scratch:
         home = Path(scratch) / "home"
         home.mkdir()
+        if prepare is not None:
+            prepare(home)
         args = [sys.executable, "-m", "broker", "server", "--port", str(port := free_port())]
         if estate_text is not None:
             (estate := Path(scratch) / "estate.yaml").write_text(estate_text)

@@ -116,4 +116,5 @@ def serve(estate: Estate, home: Path, db_url: str, host: str, port: int) -> None
     print(
         f"klique: serving {api_url} (estate {estate.source}, {len(estate.pools)} pools)", flush=True
     )
-    uvicorn.run(app, host=host, port=port, log_level="warning")
+    # Live pages hold their event streams open: a stop waits this long for them, then ends them.
+    uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=5)

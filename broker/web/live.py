@@ -42,6 +42,12 @@ def event(name: str, data: str, cursor: str | None = None) -> str:
     return head + "".join(f"data: {line}\n" for line in _LINES.split(data)) + "\n"
 
 
+def _json(value: Any) -> str:
+    """JSON with <, > and & escaped, as Jinja's tojson does: never markup, wherever it lands."""
+    text = json.dumps(value)
+    return text.replace("&", "\\u0026").replace("<", "\\u003c").replace(">", "\\u003e")
+
+
 def _ints(text: str) -> list[int]:
     return [int(w) for w in text.split(",") if w.isdigit() and int(w) < 2**63][:1000]
 
@@ -156,7 +162,7 @@ class TaskStream:
         new = web_store.scalars_after(self.web.store, [self.task.id], self.scalar)
         if new:
             self.scalar = new[-1]["id"]
-            events.append(event("scalars", json.dumps(new), self.cursor()))
+            events.append(event("scalars", _json(new), self.cursor()))
         return events
 
     async def console(self) -> list[str]:

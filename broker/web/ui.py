@@ -71,15 +71,13 @@ class Web:
     ) -> httpx.Response:
         """This server's own API, called in-process as the signed-in browser (its cookie and
         CSRF token), for features whose logic lives only behind the API."""
-        transport = httpx.ASGITransport(app=request.app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://klique.local") as client:
-            return await client.request(
-                method,
-                path,
-                json=body,
-                cookies={web_session.COOKIE: request.cookies.get(web_session.COOKIE, "")},
-                headers={web_session.CSRF_HEADER: who.csrf},
-            )
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=request.app),
+            base_url="http://klique.local",
+            cookies={web_session.COOKIE: request.cookies.get(web_session.COOKIE, "")},
+            headers={web_session.CSRF_HEADER: who.csrf},
+        ) as client:
+            return await client.request(method, path, json=body)
 
     def features(self, request: Request) -> Features:
         return detect(request.app)

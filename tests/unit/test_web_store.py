@@ -1,0 +1,87 @@
+"""The task list's queries on a real SQLite store: keyset pages, filters, a bounded search
+that says where it stopped, changes since a time, and browser sessions kept as digests."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from broker.domain import TaskSpec, TaskState
+from broker.store import web
+from broker.store.repository import Store, token_digest
+from broker.store.web import TaskFilter, task_page
+
+
+@pytest.fixture
+def store(tmp_path):
+    opened = Store.open(f"sqlite:///{tmp_path / 'k.db'}")
+    yield opened
+    opened.close()
+
+
+def _fill(store: Store, n: int) -> list[int]:
+    ids = []
+    for i in range(n):
+        spec = TaskSpec(
+            ("true",),
+            "cpu",
+            name=f"run {i}" + (" needle" if i % 10 == 3 else ""),
+            project=f"p{i % 3}",
+        )
+        ids.append(store.create_task(spec, "alice" if i % 2 else "bob", None).id)
+    return ids
+
+
+def _all_pages(store: Store, where: TaskFilter, limit: int) -> list[int]:
+    seen, before = [], None
+    while True:
+        page = task_page(store, where, before, limit)
+        seen += [t.id for t in page.tasks]
+        if page.next_before is None:
+            return seen
+        before = page.next_before
+
+
+def test_pages_walk_every_matching_task_once_newest_first(store) -> None:
+    ids = _fill(store, 30)
+    assert _all_pages(store, TaskFilter(), 7) == sorted(ids, reverse=True)
+    alices = [t.id for t in store.tasks(owner="alice")]
+    assert _all_pages(store, TaskFilter(owner="alice", project="p1"), 4) == sorted(
+        [i for i in alices if store.get(i).spec.project == "p1"], reverse=True
+    )
+    store.change_state(ids[0], TaskState.CANCELLED)
+    assert _all_pages(store, TaskFilter(states=(TaskState.CANCELLED,)), 4) == [ids[0]]
+
+
+def test_a_search_reads_a_bounded_window_and_goes_on_from_where_it_stopped(
+    store, monkeypatch
+) -> None:
+    ids = _fill(store, 40)
+    monkeypatch.setattr(web, "SEARCH_WINDOW", 8)
+    needles = sorted((i for n, i in enumerate(ids) if n % 10 == 3), reverse=True)
+    first = task_page(store, TaskFilter(search="NEEDLE"), None, 10)
+    assert [t.id for t in first.tasks] == [i for i in needles if i > ids[-8] - 1]
+    assert first.searched_to == ids[-8] and first.next_before == ids[-8]
+    assert _all_pages(store, TaskFilter(search="needle"), 10) == needles
+    assert task_page(store, TaskFilter(search="50%_"), None, 10).tasks == []  # LIKE's own signs
+
+
+def test_changes_since_a_time_are_the_tasks_written_after_it(store) -> None:
+    ids = _fill(store, 4)
+    mark = time.time()
+    store.change_state(ids[1], TaskState.CANCELLED)
+    changed = web.changed_since(store, mark, None)
+    assert [t.id for t, _ in changed] == [ids[1]]
+    assert web.changed_since(store, mark, "bob") == []  # the second task is alice's
+    assert [t.id for t, _ in web.changed_since(store, mark, "alice")] == [ids[1]]
+
+
+def test_a_session_is_kept_as_its_digest_and_expires(store) -> None:
+    web.add_session(store, token_digest("sid"), "alice", False, 60)
+    assert web.session_user(store, token_digest("sid")) == ("alice", False)
+    assert web.session_user(store, "sid") is None
+    web.add_session(store, token_digest("old"), "bob", True, -1)
+    assert web.session_user(store, token_digest("old")) is None
+    web.drop_session(store, token_digest("sid"))
+    assert web.session_user(store, token_digest("sid")) is None
