@@ -20,7 +20,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 from markupsafe import escape
 
-from broker.api.app import _read_console, _task_out, owned_task, why_out
+from broker.api.app import TaskId, _read_console, _task_out, owned_task, why_out
 from broker.domain import Task, TaskState
 from broker.errors import NotFound
 from broker.store import web as web_store
@@ -33,6 +33,7 @@ from inside_job.reporter import decode_prefix
 TICK_S = 1.0
 STREAM_S = 30.0
 OVERLAP_S = 2.0  # changes are read again this far back: a transaction may commit late
+CHANGES = 2000  # changed tasks read per tick
 _LINES = re.compile(r"\r\n|\r|\n")
 
 
@@ -71,13 +72,16 @@ class TaskListStream:
         params = request.query_params
         self.first_page = params.get("page") == "first"
         self.top = int(params.get("top", "0")) if params.get("top", "").isdigit() else 0
+        self.drawn_top = self.top  # rows above it came live: after a reconnect they are shown
         owner = self.where.owner
         self.shown = {
             t.id: t for t in web_store.tasks_by_id(web.store, _ints(params.get("ids", "")), owner)
         }
-        last = request.headers.get("last-event-id") or params.get("since")
-        self.since = _float(last, time.time())
+        since, _, top = (request.headers.get("last-event-id") or "").partition(":")
+        self.since = _float(since or params.get("since"), time.time())
+        self.top = max(self.top, int(top) if top.isdigit() and len(top) < 19 else 0)
         self.stamps: dict[int, float] = {}
+        self.overlap = OVERLAP_S
         # The reasons as the page drew them: a row is sent again only when its reason changes.
         self.reasons = {t.id: _task_out(t, web.scheduler).reason for t in self.shown.values()}
 
@@ -86,29 +90,41 @@ class TaskListStream:
         self.reasons[task.id] = out.reason
         return fragment("_task_row.html", t=out, who=self.who)
 
+    def cursor(self) -> str:
+        return f"{self.since!r}:{self.top}"
+
     def tick(self) -> list[str]:
         events = []
-        for task, stamp in web_store.changed_since(
-            self.web.store, self.since - OVERLAP_S, self.where.owner
-        ):
+        changed = web_store.changed_since(
+            self.web.store, self.since - self.overlap, self.where.owner, CHANGES
+        )
+        # A full batch: read on from its end without going back, so that a burst of changes
+        # larger than a batch cannot hold the stream in place.
+        self.overlap = 0.0 if len(changed) == CHANGES else OVERLAP_S
+        for task, stamp in changed:
             if self.stamps.get(task.id) == stamp:
                 continue
             self.stamps[task.id] = stamp
             self.since = max(self.since, stamp)
-            if task.id in self.shown:
-                self.shown[task.id] = task
-                events.append(event(f"task-{task.id}", self.row(task), repr(self.since)))
-            elif self.first_page and task.id > self.top and self.where.matches(task):
-                self.shown[task.id] = task
-                self.top = task.id
-                events.append(event("task-new", self.row(task), repr(self.since)))
+            events += self.redraw(task)
         self.stamps = {i: s for i, s in self.stamps.items() if s > self.since - OVERLAP_S}
         for task in self.shown.values():
             if task.state is TaskState.QUEUED:
                 reason = _task_out(task, self.web.scheduler).reason
                 if reason != self.reasons.get(task.id):
-                    events.append(event(f"task-{task.id}", self.row(task), repr(self.since)))
+                    events.append(event(f"task-{task.id}", self.row(task), self.cursor()))
         return events
+
+    def redraw(self, task: Task) -> list[str]:
+        live_row = self.first_page and self.drawn_top < task.id <= self.top
+        if task.id in self.shown or (live_row and self.where.matches(task)):
+            self.shown[task.id] = task
+            return [event(f"task-{task.id}", self.row(task), self.cursor())]
+        if self.first_page and task.id > self.top and self.where.matches(task):
+            self.shown[task.id] = task
+            self.top = task.id
+            return [event("task-new", self.row(task), self.cursor())]
+        return []
 
 
 class TaskStream:
@@ -130,7 +146,8 @@ class TaskStream:
             self.scalar = (
                 int(params.get("scalars", "0")) if params.get("scalars", "").isdigit() else 0
             )
-        self.stamp = web_store.updated_at(web.store, task.id)
+        # The task as the page drew it; a stream opened without it redraws the task once.
+        self.stamp = _float(params.get("stamp"), 0.0) or None
         self.why = self.why_html()  # as the page drew it: sent again only when it changes
         self.done = False
 
@@ -206,7 +223,7 @@ def add_routes(router: APIRouter, web: Web) -> None:
         return _sse(_stream(request, stream.tick))
 
     @router.get("/events/tasks/{task_id}")
-    def task_events(request: Request, task_id: int) -> StreamingResponse:
+    def task_events(request: Request, task_id: TaskId) -> StreamingResponse:
         who = web.viewer(request)
         try:
             task = owned_task(web.scheduler, task_id, who.caller)

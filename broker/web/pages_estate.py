@@ -9,6 +9,7 @@ import io
 import time
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
@@ -296,20 +297,22 @@ def add_routes(router: APIRouter, web: Web) -> None:
         if entry is None:
             return web.error(request, who, 404, f"no app {name!r} in the catalogue")
         values = forms.values(entry.get("schema") or {}, form)
-        answer = await web.call_api(request, who, "POST", APP_LAUNCH.format(name=name), values)
+        answer = await web.call_api(
+            request, who, "POST", APP_LAUNCH.format(name=quote(name, safe="")), values
+        )
         return _after_app_call(answer)
 
     @router.post("/apps/running/{app_id}/stop")
     async def app_stop(request: Request, app_id: str) -> Response:
         who, _ = await web.posted(request)
-        answer = await web.call_api(request, who, "POST", APP_STOP.format(app_id=app_id), {})
+        answer = await web.call_api(
+            request, who, "POST", APP_STOP.format(app_id=quote(app_id, safe="")), {}
+        )
         return _after_app_call(answer)
 
 
 def _after_app_call(answer: Any) -> Response:
     """Back to the apps page; a refusal's sentence is shown there as the API says it."""
-    from urllib.parse import quote
-
     if answer.status_code >= 400:
         detail = answer.json().get("detail", answer.text)
         return RedirectResponse(f"/apps?error={quote(str(detail)[:2000])}", 303, headers=HEADERS)

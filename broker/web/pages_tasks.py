@@ -4,13 +4,14 @@ timeline, console, scalars, code, where it ran, why it waits), clone, and compar
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import httpx
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
-from broker.api.app import _read_console, _task_out, owned_task, why_out
+from broker.api.app import TaskId, _read_console, _task_out, owned_task, why_out
 from broker.api.schemas import TaskOut
 from broker.domain import Task, TaskState
 from broker.errors import NotFound
@@ -48,6 +49,12 @@ def task_filter(request: Request, who: Viewer) -> tuple[web_store.TaskFilter, li
     return where, problems
 
 
+def task_ids(values: list[str]) -> list[int]:
+    """Task ids from form fields or a query ("3 4,5"): digits only, within the API's range."""
+    words = " ".join(values).replace(",", " ").split()
+    return [int(w) for w in words if w.isdigit() and 0 < int(w) < 2**63]
+
+
 def _before(request: Request) -> int | None:
     value = request.query_params.get("before", "")
     return int(value) if value.isdigit() and 0 < int(value) < 2**63 else None
@@ -56,6 +63,7 @@ def _before(request: Request) -> int | None:
 def list_context(web: Web, request: Request, who: Viewer) -> dict[str, Any]:
     where, problems = task_filter(request, who)
     before = _before(request)
+    since = time.time()  # before the read: the live stream sends what changes from here
     found = web_store.task_page(web.store, where, before, PAGE)
     rows = [_task_out(t, web.scheduler) for t in found.tasks]
     query: list[tuple[str, str | int | float | bool | None]] = [
@@ -72,6 +80,7 @@ def list_context(web: Web, request: Request, who: Viewer) -> dict[str, Any]:
         "projects": web_store.projects(web.store, None if who.admin else who.user),
         "owners": web_store.owners(web.store) if who.admin else [],
         "query": httpx.QueryParams(query),
+        "since": repr(since),
     }
 
 
@@ -148,16 +157,17 @@ def add_routes(router: APIRouter, web: Web) -> None:
         return web.page(request, who, "tasks.html", **list_context(web, request, who))
 
     @router.get("/tasks/{task_id}")
-    async def task(request: Request, task_id: int) -> HTMLResponse:
+    async def task(request: Request, task_id: TaskId) -> HTMLResponse:
         who = web.viewer(request)
+        stamp = web_store.updated_at(web.store, task_id)  # before the read: the stream goes on
         try:
             found = owned_task(scheduler, task_id, who.caller)
         except NotFound as exc:
             return web.error(request, who, 404, str(exc))
         out = _task_out(found, scheduler, detail=True)
+        out.scalars = web_store.scalars_after(web.store, [found.id])  # with ids: the cursor
         console, offset = await console_text(web, found)
         diff, diff_total = _diff_lines(found.spec.code.diff if found.spec.code else "")
-        last_scalar = web_store.scalars_after(web.store, [found.id])
         return web.page(
             request,
             who,
@@ -169,11 +179,12 @@ def add_routes(router: APIRouter, web: Web) -> None:
             diff=diff,
             diff_total=diff_total,
             charts=chart_data([out]),
-            scalar_cursor=last_scalar[-1]["id"] if last_scalar else 0,
+            scalar_cursor=out.scalars[-1]["id"] if out.scalars else 0,
+            stamp=repr(stamp),
         )
 
     @router.post("/tasks/{task_id}/cancel")
-    async def cancel(request: Request, task_id: int) -> Response:
+    async def cancel(request: Request, task_id: TaskId) -> Response:
         who, form = await web.posted(request)
         try:
             found = owned_task(scheduler, task_id, who.caller)
@@ -187,7 +198,7 @@ def add_routes(router: APIRouter, web: Web) -> None:
     @router.post("/tasks/cancel")
     async def cancel_many(request: Request) -> Response:
         who, form = await web.posted(request)
-        ids = [int(v) for v in form.getlist("id") if isinstance(v, str) and v.isdigit()]
+        ids = task_ids([v for v in form.getlist("id") if isinstance(v, str)])
         missing = []
         for task_id in ids[:1000]:
             try:
@@ -207,8 +218,7 @@ def add_routes(router: APIRouter, web: Web) -> None:
     @router.get("/compare")
     def compare(request: Request) -> HTMLResponse:
         who = web.viewer(request)
-        text = " ".join(request.query_params.getlist("ids"))
-        wanted = [int(w) for w in text.replace(",", " ").split() if w.isdigit()][:MAX_COMPARE]
+        wanted = task_ids(request.query_params.getlist("ids"))[:MAX_COMPARE]
         outs, problems = [], []
         for task_id in dict.fromkeys(wanted):
             try:
@@ -229,7 +239,7 @@ def add_routes(router: APIRouter, web: Web) -> None:
         )
 
     @router.get("/tasks/{task_id}/clone")
-    def clone_form(request: Request, task_id: int) -> HTMLResponse:
+    def clone_form(request: Request, task_id: TaskId) -> HTMLResponse:
         who = web.viewer(request)
         try:
             out = _task_out(owned_task(scheduler, task_id, who.caller), scheduler)
@@ -240,7 +250,7 @@ def add_routes(router: APIRouter, web: Web) -> None:
         return web.page(request, who, "clone.html", task=out, error="")
 
     @router.post("/tasks/{task_id}/clone")
-    async def clone(request: Request, task_id: int) -> Response:
+    async def clone(request: Request, task_id: TaskId) -> Response:
         who, form = await web.posted(request)
         try:
             out = _task_out(owned_task(scheduler, task_id, who.caller), scheduler)

@@ -202,3 +202,26 @@ def test_sign_in_sends_nowhere_but_this_server(host) -> None:
             "/login", data={"token": host.alice, "login_token": login_token, "next": target}
         )
         assert answer.status_code == 303 and answer.headers["location"] == "/", target
+
+
+def test_bad_input_to_the_pages_is_a_4xx_or_a_page_never_a_5xx(host) -> None:
+    client, csrf = signed_in(host, host.alice)
+    huge = "9" * 30
+    for path in (
+        f"/tasks/{huge}",
+        "/tasks/0",
+        f"/tasks?before={huge}&state=bogus&state=queued&q={'x' * 5000}",
+        f"/compare?ids={huge},-1,abc",
+        "/usage?by=nobody&since=yesterday-ish",
+        "/usage.csv?by=user&since=1e400",
+        "/platform?resource=nope",
+        f"/events/tasks/{huge}",
+    ):
+        assert client.get(path).status_code < 500, path
+    assert sse_text(client, f"/events/tasks?ids={huge},x&top={huge}&since=nan", 1.5) != ""
+    for path, data in (
+        (f"/tasks/{huge}/cancel", {"csrf": csrf}),
+        ("/tasks/cancel", {"csrf": csrf, "id": [huge, "-3", "x"]}),
+        ("/policies/simulate", {"csrf": csrf, "estate_text": "resources: [unclosed"}),
+    ):
+        assert client.post(path, data=data).status_code < 500, path

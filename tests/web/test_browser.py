@@ -169,7 +169,11 @@ def test_a_waiting_task_shows_the_one_reason_and_each_pool(site, browser) -> Non
     assert "[over-limit]" in why
     screenshot(browser, "task-waiting")
     browser.get(site.server.url + "/tasks?state=queued")
-    assert "at its limit" in browser.find_element(By.ID, f"task-{task_id}").text
+    until(
+        browser,
+        lambda d: "at its limit" in d.find_element(By.ID, f"task-{task_id}").text,
+        "the reason in the list",
+    )
 
 
 def test_cancelling_from_the_ui_one_task_and_a_selection(site, browser) -> None:
@@ -301,3 +305,53 @@ def test_an_artifact_downloads_from_the_task_page(site, browser) -> None:
     cookies = {"klique_session": browser.get_cookie("klique_session")["value"]}
     body = httpx.get(link.get_attribute("href"), cookies=cookies, timeout=30)
     assert body.status_code == 200 and body.text == "forty-two", json.dumps(dict(body.headers))
+
+
+UNLABELLED = """
+return Array.from(document.querySelectorAll('input, select, textarea, button'))
+  .filter(el => el.type !== 'hidden')
+  .filter(el => !(el.labels && el.labels.length) && !el.getAttribute('aria-label')
+                && !(el.tagName === 'BUTTON' && el.textContent.trim()))
+  .map(el => el.outerHTML);
+"""
+
+
+def test_every_page_is_labelled_and_works_from_the_keyboard(site, browser) -> None:
+    from selenium.webdriver.common.keys import Keys
+
+    task_id = submit_cli(site, site.alice, "held", "print(1)", "keyboard")
+    sign_in(browser, site, site.server.token)
+    for path in (
+        "/tasks",
+        f"/tasks/{task_id}",
+        "/compare",
+        "/pools",
+        "/usage",
+        "/policies",
+        "/platform",
+    ):
+        browser.get(site.server.url + path)
+        assert browser.execute_script(UNLABELLED) == [], path
+        assert browser.find_element(By.TAG_NAME, "h1").text, path
+    browser.get(site.server.url + "/tasks")
+    body = browser.find_element(By.TAG_NAME, "body")
+    body.send_keys(Keys.TAB)
+    skip = browser.switch_to.active_element
+    assert skip.text == "Skip to the content"
+    skip.send_keys(Keys.ENTER)
+    assert browser.switch_to.active_element.get_attribute("id") == "main"
+    # From the content, Tab reaches the filters, then the task's checkbox and its link.
+    seen = []
+    for _ in range(40):
+        browser.switch_to.active_element.send_keys(Keys.TAB)
+        active = browser.switch_to.active_element
+        seen.append(
+            active.get_attribute("aria-label") or active.text or active.get_attribute("name")
+        )
+        if active.text == str(task_id):
+            break
+    assert f"Select task {task_id}" in seen and seen[-1] == str(task_id), seen
+    browser.switch_to.active_element.send_keys(Keys.ENTER)
+    until(
+        browser, lambda d: d.current_url.endswith(f"/tasks/{task_id}"), "the task page by keyboard"
+    )

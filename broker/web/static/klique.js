@@ -118,6 +118,18 @@
     });
   }
 
+  function initNewRows() {
+    // A task that came in live is sent again as new after a reconnect: redraw it in place.
+    document.body.addEventListener("htmx:sseBeforeMessage", function (evt) {
+      if (evt.detail.type !== "task-new") { return; }
+      var id = /id="(task-\d+)"/.exec(evt.detail.data);
+      var existing = id && document.getElementById(id[1]);
+      if (!existing) { return; }
+      evt.preventDefault();
+      htmx.swap(existing, evt.detail.data, { swapStyle: "outerHTML" });
+    });
+  }
+
   function initLiveBadge() {
     document.body.addEventListener("htmx:sseOpen", function () {
       document.querySelectorAll("[data-live-status]").forEach(function (el) { el.setAttribute("data-state", "open"); });
@@ -138,6 +150,7 @@
     initCharts();
     initSelection();
     initLiveBadge();
+    initNewRows();
     initConsole();
     setInterval(tickAges, 10000);
   });
