@@ -27,7 +27,7 @@ from broker.web.features import APP_LAUNCH, APP_STOP, APPS, APPS_RUNNING
 from broker.web.render import HEADERS
 from broker.web.ui import Viewer, Web
 
-PERIODS = [("24h", "last 24 hours"), ("7d", "last 7 days"), ("30d", "last 30 days"), ("", "all")]
+PERIODS = [("24h", "last 24 hours"), ("7d", "last 7 days"), ("30d", "last 30 days")]
 MAX_ESTATE = 4 << 20  # an uploaded estate file for the simulator
 
 
