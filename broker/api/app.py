@@ -11,6 +11,7 @@ from fastapi import Path as PathParam
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
+from broker.api.agents import agent_router
 from broker.api.limits import BodyLimit
 from broker.api.schemas import (
     LogChunk,
@@ -95,6 +96,13 @@ def create_app(scheduler: Scheduler, lifespan: Any = None) -> FastAPI:
 
     Auth = Annotated[Caller, Depends(caller)]
 
+    def admin(who: Auth) -> Caller:
+        if not who.admin:
+            raise NotPermitted("only an admin token can do this; ask the platform team")
+        return who
+
+    app.include_router(agent_router(scheduler, admin))
+
     def own_task(task_id: int, who: Caller) -> Task:
         task = scheduler.store.get(task_id)
         if task.owner != who.user and not who.admin:
@@ -103,7 +111,9 @@ def create_app(scheduler: Scheduler, lifespan: Any = None) -> FastAPI:
 
     @app.get(f"{API}/health")
     def health() -> dict[str, Any]:
-        return {"ok": True, "cycles": scheduler.cycles}
+        """Up; placement cycles run, and each pool agent's looks at its pool."""
+        looks = {name: agent.looks for name, agent in scheduler.agents.items()}
+        return {"ok": True, "cycles": scheduler.cycles, "looks": looks}
 
     @app.get(f"{API}/whoami")
     def whoami(who: Auth) -> dict[str, Any]:
@@ -242,7 +252,7 @@ def create_app(scheduler: Scheduler, lifespan: Any = None) -> FastAPI:
             )
         if body.exit is not None and not task.state.final:
             scheduler.store.update(task.id, claim=body.exit.model_dump())
-            scheduler.wake()  # the pool confirms at its next look
+            scheduler.wake_pool(task.pool)  # the pool confirms at its next look
         return {"ok": True}
 
     @app.get(f"{API}/resources")
@@ -257,7 +267,7 @@ def create_app(scheduler: Scheduler, lifespan: Any = None) -> FastAPI:
     @app.get(f"{API}/pools")
     def pools(who: Auth) -> list[PoolOut]:
         return [
-            PoolOut.of(p, scheduler.pool_states.get(p.name), scheduler.drivers[p.name].strangers)
+            PoolOut.of(p, scheduler.snapshots().get(p.name), scheduler.strangers(p.name))
             for p in scheduler.estate.pools.values()
         ]
 
@@ -305,7 +315,7 @@ def create_app(scheduler: Scheduler, lifespan: Any = None) -> FastAPI:
         shares = decayed_usage(
             [UsageRow(r.team or "", r.start, r.end, r.gpus) for r in ledger], now, half_life
         )
-        states = dict(scheduler.pool_states)
+        states = scheduler.snapshots()
         result = simulate(estate, queued, active, states, shares, now)
         out = SimulationOut.model_validate(result.to_dict())
         if body.include_trace:

@@ -14,6 +14,7 @@ import time
 from abc import abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar
 
 from broker.containers import container_fields
@@ -28,7 +29,13 @@ from broker.pools.base import (
     observation_from_exit,
 )
 from broker.scheduler.placement import PoolState
-from broker.templates import render, safe_directive, template_name
+from broker.templates import (
+    TemplateFile,
+    find_template,
+    render,
+    safe_directive,
+    search_roots,
+)
 from broker.transport import Completed, Transport, make_transport
 
 log = logging.getLogger("klique.pools")
@@ -72,6 +79,7 @@ class BatchDriver(PoolDriver):
     # Native end states that only say the job script ended by itself (any exit, a signal):
     # without the runner's exit file they tell nothing of how the task ended.
     SELF_ENDED: ClassVar[frozenset[str]] = frozenset()
+    SUBMIT_STDIN: ClassVar[bool] = False  # the submit command reads the script on its stdin
     # Status errors that mean the scheduler shows each account only its own jobs: status then
     # runs one query per mapped account, as that account (the pool's `status_per_account`).
     OTHERS_HIDDEN: ClassVar[re.Pattern[str] | None] = None
@@ -205,8 +213,14 @@ class BatchDriver(PoolDriver):
             "python": self.python,
             **container_fields(self.pool, task, job_dir),
         }
-        name = template_name(self.kind, resource.name, self.pool.template)
-        return render(name, context)
+        return render(self.template(resource.name), context, self.template_roots())
+
+    def template_roots(self) -> tuple[Path, ...]:
+        return search_roots(self.context.estate.templates_dir)
+
+    def template(self, resource: str) -> TemplateFile:
+        """The file a compute resource's script is rendered from on this pool."""
+        return find_template(self.kind, resource, self.pool.template, self.template_roots())
 
     def _runner_bytes(self) -> bytes:
         """The runner zipapp, read once: the server builds it once at start."""
@@ -230,6 +244,7 @@ class BatchDriver(PoolDriver):
                 files,
                 account=account,
                 then=self.submit_argv(f"{job_dir}/job.sh"),
+                then_stdin="job.sh" if self.SUBMIT_STDIN else None,
                 timeout=60,
             )
         except TransportError as exc:

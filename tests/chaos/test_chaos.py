@@ -7,6 +7,7 @@ state its command calls for, and that none was lost.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -97,7 +98,7 @@ def test_a_listing_older_than_the_runners_own_report_is_ignored(tmp_path: Path) 
     from broker.domain import TaskSpec, TaskState
     from broker.estate import parse_estate
     from broker.pools.base import Observation
-    from broker.scheduler.loop import Scheduler
+    from broker.scheduler.link import StoreLink
     from broker.store.repository import Store
 
     estate = parse_estate(
@@ -111,10 +112,10 @@ def test_a_listing_older_than_the_runners_own_report_is_ignored(tmp_path: Path) 
             store.change_state(task.id, state, pool="p")
         seen_by_the_cycle = store.get(task.id)
         store.change_state(task.id, TaskState.RUNNING)  # the runner's report, meanwhile
-        scheduler = Scheduler(store, estate, {}, tmp_path)
-        scheduler._apply(seen_by_the_cycle, Observation(TaskState.PENDING, "pending"))
+        link = StoreLink(store, estate)
+        asyncio.run(link.observed(seen_by_the_cycle, Observation(TaskState.PENDING, "pending")))
         assert store.get(task.id).state is TaskState.RUNNING
-        scheduler._apply(seen_by_the_cycle, Observation(TaskState.COMPLETED, "done", 0))
+        asyncio.run(link.observed(seen_by_the_cycle, Observation(TaskState.COMPLETED, "done", 0)))
         assert store.get(task.id).state is TaskState.COMPLETED
     finally:
         store.close()
