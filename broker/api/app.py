@@ -1,5 +1,6 @@
 """The REST API (OpenAPI at /docs and /openapi.json). Thin: validation, auth, the store."""
 
+import asyncio
 import hmac
 import time
 from dataclasses import dataclass
@@ -217,7 +218,7 @@ def create_app(scheduler: Scheduler, lifespan: Any = None) -> FastAPI:
     async def logs(
         task_id: TaskId, who: Auth, offset: Annotated[int, Query(ge=0, lt=2**62)] = 0
     ) -> LogChunk:
-        task = own_task(task_id, who)
+        task = await asyncio.to_thread(own_task, task_id, who)
         data = await _read_console(task, scheduler, offset)
         # A character split at the chunk's end waits for the next read, unless this is the end.
         text, used = decode_prefix(data, task.state.final and len(data) < _LOG_CHUNK)
@@ -225,10 +226,10 @@ def create_app(scheduler: Scheduler, lifespan: Any = None) -> FastAPI:
 
     @app.post(f"{API}/tasks/{{task_id}}/cancel")
     async def cancel(task_id: TaskId, who: Auth) -> TaskOut:
-        task = own_task(task_id, who)
-        if task.state.final:
-            return _task_out(task, scheduler)
-        return _task_out(await scheduler.cancel(task), scheduler)
+        task = await asyncio.to_thread(own_task, task_id, who)
+        if not task.state.final:
+            task = await scheduler.cancel(task)
+        return await asyncio.to_thread(_task_out, task, scheduler)
 
     @app.post(f"{API}/tasks/{{task_id}}/report")
     def report(

@@ -213,7 +213,12 @@ def controller_up() -> bool:
 
 
 def estate_text(
-    job_root: Path, transport: str, lost_after: str, max_queued: int, walltime: str = "10m"
+    job_root: Path,
+    transport: str,
+    lost_after: str,
+    max_queued: int,
+    walltime: str = "10m",
+    agent: str = "server",
 ) -> str:
     if transport == "ssh":
         how = (
@@ -229,6 +234,7 @@ resources:
 pools:
   slurm:
     kind: slurm
+    agent: {agent}
     partition: debug
     job_root: {job_root}
     transport: {how}
@@ -279,6 +285,7 @@ class ChaosRun:
         lost_after: str = "60s",
         max_queued: int = 100,
         walltime: str = "10m",
+        agent: str = "server",
     ) -> None:
         self.name = name
         self.home = workdir / name / "home"
@@ -288,7 +295,7 @@ class ChaosRun:
         os.chmod(self.job_root, 0o1777)  # the jobs' accounts write their files here
         self.estate = workdir / name / "estate.yaml"
         self.estate.write_text(
-            estate_text(self.job_root, transport, lost_after, max_queued, walltime)
+            estate_text(self.job_root, transport, lost_after, max_queued, walltime, agent)
         )
         self.first_id = seed_task_ids(self.home)
         self.store = Store(default_url(self.home))
@@ -300,13 +307,14 @@ class ChaosRun:
         self.strangers: set[int] = set()  # task ids whose tags the run gives to jobs of its own
         self.foreign: set[int] = set()  # Slurm jobs of "another installation", left out of counts
         self.lives = 0
+        self.port = free_port()  # kept across restarts: a remote agent knows this address
 
     # The server.
 
     def launch(self, crash_at: str | None = None) -> Server:
         """Start the server on this home; with `crash_at` it kills itself at that point. A
         server that dies before it answers is returned too (its process has a returncode)."""
-        port = free_port()
+        port = self.port
         args = [sys.executable, "-m", "broker", "server", "--port", str(port)]
         env = {**os.environ, "KLIQUE_HOME": str(self.home)}
         env.pop("KLIQUE_CRASH_AT", None)
@@ -573,7 +581,7 @@ def crash_and_restart(
     return outcome
 
 
-def controller_outage(workdir: Path, tasks: int = 40, outage_s: float = 30) -> Outcome:
+def controller_outage(workdir: Path, tasks: int = 40, outage_s: float = 45) -> Outcome:
     """slurmctld stopped for `outage_s` with jobs running, pending and still in Klique's queue:
     no task fails for it, the pool shows unreachable with the reason, all finish after."""
     started = time.monotonic()
