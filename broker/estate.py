@@ -11,6 +11,7 @@ import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from broker.domain import (
+    AppSettings,
     ComputeResource,
     Estate,
     Limits,
@@ -18,6 +19,7 @@ from broker.domain import (
     Pool,
     PoolKind,
     Profile,
+    StaticRoute,
     Team,
     UserMap,
 )
@@ -152,6 +154,17 @@ class LimitsFile(_Strict):
     max_diff: SizeMB = 16  # MiB
 
 
+class AppsFile(_Strict):
+    catalogue: str | None = None  # a folder of app files, relative to this file; null: built-in
+    max_running: Annotated[int, Field(ge=0)] | None = None
+    max_running_per_team: dict[Name, Annotated[int, Field(ge=0)]] = {}
+
+
+class RouteFile(_Strict):
+    teams: list[Name] = []
+    apps: list[Name] = []
+
+
 class EstateFile(_Strict):
     defaults: DefaultsFile = DefaultsFile()
     limits: LimitsFile = LimitsFile()
@@ -159,6 +172,8 @@ class EstateFile(_Strict):
     resources: dict[Name, ResourceFile] = Field(min_length=1)
     pools: dict[Name, PoolFile] = Field(min_length=1)
     policies: dict[Name, PolicyFile] = {}
+    apps: AppsFile = AppsFile()
+    routes: dict[Name, RouteFile] = {}
 
 
 _FIXES = {
@@ -189,7 +204,11 @@ def load_estate(path: str | os.PathLike[str]) -> Estate:
         text = Path(path).read_text()
     except OSError as exc:
         raise EstateError([f"{source}: cannot read the estate file: {exc.strerror}"]) from exc
-    return parse_estate(text, source)
+    estate = parse_estate(text, source)
+    from broker.apps.catalogue import load_catalogue
+
+    load_catalogue(estate)  # its own errors name the app file and line
+    return estate
 
 
 def parse_estate(text: str, source: str = "<estate>") -> Estate:
@@ -319,6 +338,13 @@ def _cross_check(model: EstateFile) -> list[tuple[tuple[str, ...], str]]:
                         "under resources:",
                     )
                 )
+    quota_teams = [
+        (("apps", "max_running_per_team", t), t) for t in model.apps.max_running_per_team
+    ]
+    route_teams = [(("routes", n, "teams"), t) for n, r in model.routes.items() for t in r.teams]
+    for at, team in quota_teams + route_teams:
+        if model.teams and team not in model.teams:
+            problems.append((at, f"team {team!r} is not declared; fix: add it under teams:"))
     if model.defaults.resource and model.defaults.resource not in model.resources:
         problems.append(
             (
@@ -379,8 +405,24 @@ def _build(model: EstateFile, source: str) -> Estate:
             max_request_bytes=model.limits.max_request * 1024 * 1024,
             max_diff_bytes=model.limits.max_diff * 1024 * 1024,
         ),
+        apps=AppSettings(
+            catalogue=_beside(source, model.apps.catalogue),
+            max_running=model.apps.max_running,
+            max_running_per_team=dict(model.apps.max_running_per_team),
+        ),
+        routes={
+            name: StaticRoute(name, tuple(r.teams), tuple(r.apps))
+            for name, r in model.routes.items()
+        },
         source=source,
     )
+
+
+def _beside(source: str, folder: str | None) -> str | None:
+    """A folder named in the estate, relative to the estate file's own folder."""
+    if folder is None or os.path.isabs(folder) or not os.path.isfile(source):
+        return folder
+    return os.path.join(os.path.dirname(os.path.abspath(source)), folder)
 
 
 def _build_pool(name: str, p: PoolFile) -> Pool:
