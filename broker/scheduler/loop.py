@@ -49,6 +49,7 @@ class Scheduler:
     pending: dict[int, PendingReason] = field(default_factory=dict)
     pool_states: dict[str, PoolState] = field(default_factory=dict)
     cycles: int = 0
+    _cancelling: set[int] = field(default_factory=set)  # being stopped by cancel() right now
     _wake: asyncio.Event = field(default_factory=asyncio.Event)
     _loop: asyncio.AbstractEventLoop | None = None
 
@@ -122,6 +123,9 @@ class Scheduler:
             self._apply(by_id[task_id], seen)
 
     def _apply(self, task: Task, seen: Observation) -> None:
+        if task.id in self._cancelling and seen.state.final:
+            # The job ended because cancel() stopped it (the runner reports SIGTERM).
+            seen = Observation(TaskState.CANCELLED, "cancelled by its owner", seen.exit_code)
         if task.state is TaskState.PLACED:
             self._adopt(task, seen)
         elif seen.state.final and self._requeues(task, seen):
@@ -328,7 +332,15 @@ class Scheduler:
         if done is not None:
             return done
         if task.state in ACTIVE and task.pool in self.drivers:
-            await self.drivers[task.pool].cancel(task)
+            self._cancelling.add(task.id)
+            try:
+                await self.drivers[task.pool].cancel(task)
+                done = self.store.change_state(
+                    task.id, TaskState.CANCELLED, reason, only_from=ACTIVE
+                )
+            finally:
+                self._cancelling.discard(task.id)
+            return done or self.store.get(task.id)
         done = self.store.change_state(task.id, TaskState.CANCELLED, reason, only_from=ACTIVE)
         return done or self.store.get(task.id)
 
