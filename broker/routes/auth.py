@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from broker.api.auth import Caller, bearer, caller_of
+from broker.api.auth import Caller, caller_of
 from broker.store.repository import Store
 
 COOKIE = "klique_route"
@@ -31,10 +31,11 @@ class RouteInfo:
 def route_caller(
     store: Store, headers: Mapping[str, str], cookies: Mapping[str, str]
 ) -> tuple[Caller | None, str]:
-    """The caller and how they proved it ("bearer", "cookie"; "" when they did not)."""
-    token = bearer(headers.get("authorization"))
-    if token:
-        return caller_of(store, token), "bearer"
+    """The caller and how they proved it ("bearer", "cookie"; "" when they did not). Another
+    scheme in Authorization is the app's own business (JupyterLab sends `token ...`)."""
+    authorization = headers.get("authorization") or ""
+    if authorization[:7].lower() == "bearer ":
+        return caller_of(store, authorization[7:].strip()), "bearer"
     cookie = cookies.get(COOKIE, "")
     if cookie:
         return caller_of(store, cookie), "cookie"
