@@ -109,7 +109,8 @@ const base = arguments[0], done = arguments[arguments.length - 1];
     headers: {"Content-Type": "application/json"}, body: JSON.stringify({name: "python3"})});
   if (!made.ok) { done("starting a kernel: " + made.status + " " + await made.text()); return; }
   const kernel = await made.json();
-  const url = location.origin.replace(/^http/, "ws") + base + "api/kernels/" + kernel.id + "/channels";
+  const origin = location.origin.replace(/^http/, "ws");
+  const url = origin + base + "api/kernels/" + kernel.id + "/channels";
   const ws = new WebSocket(url);
   const session = crypto.randomUUID(), id = crypto.randomUUID();
   ws.onerror = () => done("the kernel's WebSocket failed");
