@@ -3,8 +3,8 @@ routes, a tiny HTTP server as an app, and a real headless Chromium (Debian's) fo
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
 from conftest import TASK_PY, Server, wait_for
@@ -128,3 +128,26 @@ const base = arguments[0], done = arguments[arguments.length - 1];
   };
 })().catch((e) => done("error: " + e));
 """
+
+
+@asynccontextmanager
+async def mcp_session(server: Server, token: str) -> AsyncIterator[Any]:
+    """The official MCP SDK's client, over HTTP, with a Klique token as the bearer."""
+    import httpx2
+    from mcp.client.session import ClientSession
+    from mcp.client.streamable_http import streamable_http_client
+
+    headers = {"Authorization": f"Bearer {token}"}
+    async with (
+        httpx2.AsyncClient(headers=headers, timeout=60) as http,
+        streamable_http_client(f"{server.url}/mcp", http_client=http) as streams,
+        ClientSession(streams[0], streams[1]) as session,
+    ):
+        await session.initialize()
+        yield session
+
+
+async def call(session: Any, tool: str, **arguments: Any) -> tuple[bool, str]:
+    """(whether the tool refused, its text)."""
+    result = await session.call_tool(tool, arguments)
+    return bool(result.is_error), result.content[0].text

@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from broker.domain import Estate
 from broker.errors import EstateError
-from broker.names import IMAGE, LINE, NAME
+from broker.names import IMAGE, LINE, NAME, NO_NUL
 
 BUILT_IN = Path(__file__).resolve().parent.parent.parent / "apps"
 PLACEHOLDER = re.compile(r"\{([a-z_][a-z0-9_]{0,63})\}")
@@ -44,7 +44,7 @@ class AppFile(_Strict):
     form: dict[str, Any] = {"type": "object", "properties": {}}
     requirements: list[Text] = []
     image: str | None = Field(None, pattern=IMAGE)
-    command: list[Text] = Field(min_length=1)
+    command: list[Annotated[str, Field(pattern=NO_NUL, max_length=131072)]] = Field(min_length=1)
     env: dict[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")], Text] = {}
     upstream_headers: dict[Annotated[str, Field(pattern=r"^[A-Za-z0-9-]{1,64}$")], Text] = {}
     ready_path: Text = "/"

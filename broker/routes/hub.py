@@ -70,9 +70,12 @@ class Instance:
 
 
 class Hub:
+    """Tunnels by connection: a runner that connects again (a dropped network) is one more
+    connection of its task until the old one is seen gone."""
+
     def __init__(self, scheduler: Scheduler) -> None:
         self.scheduler = scheduler
-        self.instances: dict[int, Instance] = {}
+        self.instances: dict[int, Instance] = {}  # by id() of the Instance
         self._changed = asyncio.Event()
         self._turn: dict[str, int] = {}
         self._table: dict[str, RouteInfo] = {}
@@ -82,16 +85,12 @@ class Hub:
     # The tunnels.
 
     def register(self, instance: Instance) -> None:
-        old = self.instances.get(instance.task_id)
-        if old is not None:
-            old.fail_all()
-        self.instances[instance.task_id] = instance
+        self.instances[id(instance)] = instance
         self._notify()
 
     def unregister(self, instance: Instance) -> None:
         instance.fail_all()
-        if self.instances.get(instance.task_id) is instance:
-            del self.instances[instance.task_id]
+        self.instances.pop(id(instance), None)
         self._notify()
 
     def mark_ready(self, instance: Instance) -> None:
@@ -102,12 +101,14 @@ class Hub:
         self._changed.set()
         self._changed = asyncio.Event()
 
+    def of_task(self, task_id: int) -> list[Instance]:
+        return [i for i in self.instances.values() if i.task_id == task_id]
+
     def is_ready(self, task_id: int) -> bool:
-        instance = self.instances.get(task_id)
-        return instance is not None and instance.ready
+        return any(i.ready for i in self.of_task(task_id))
 
     def instances_of(self, route: str) -> list[int]:
-        return sorted(i.task_id for i in self.instances.values() if i.route == route)
+        return sorted({i.task_id for i in self.instances.values() if i.route == route})
 
     def ready_of(self, route: str) -> list[int]:
         return [i for i in self.instances_of(route) if self.is_ready(i)]
@@ -160,7 +161,7 @@ class Hub:
             ready = sorted(
                 (
                     i
-                    for i in self.instances.values()
+                    for i in list(self.instances.values())
                     if i.route == route
                     and i.ready
                     and not i.draining
@@ -182,12 +183,11 @@ class Hub:
                 await asyncio.wait_for(changed.wait(), min(left, _TABLE_TTL_S))
 
     async def drain(self, task_id: int, within_s: float = DRAIN_S) -> None:
-        """Take the instance out of its route and let what it has in flight finish."""
-        instance = self.instances.get(task_id)
-        if instance is None:
-            return
-        instance.draining = True
+        """Take the task's instances out of its route and let what they have in flight finish."""
+        instances = self.of_task(task_id)
+        for instance in instances:
+            instance.draining = True
         self._notify()
         deadline = time.monotonic() + within_s
-        while instance.in_flight > 0 and time.monotonic() < deadline:
+        while any(i.in_flight for i in instances) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)

@@ -1,21 +1,17 @@
 """The MCP server at /mcp, driven by the official SDK's own client over HTTP: every tool works
-as the calling user, another user's task is invisible, and a locked app, a full quota and an
-unmapped account come back as readable refusals."""
+as the calling user, and a locked app, a full quota and an unmapped account come back as
+readable refusals (another user's tasks: tests/security/test_mcp_tools.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
-import httpx2
 import pytest
-from app_helpers import echo_command
+from app_helpers import call, echo_command, mcp_session
 from conftest import HOST_ACCESS, Server, wait_for
-from mcp.client.session import ClientSession
-from mcp.client.streamable_http import streamable_http_client
 
 ESTATE = (
     "teams:\n  vision: [alice, carol]\n  nlp: [bob]\n"
@@ -37,24 +33,6 @@ TOOLS = {
     "launch_app",
     "stop_app",
 }
-
-
-@asynccontextmanager
-async def mcp_session(server: Server, token: str):
-    headers = {"Authorization": f"Bearer {token}"}
-    async with (
-        httpx2.AsyncClient(headers=headers, timeout=60) as http,
-        streamable_http_client(f"{server.url}/mcp", http_client=http) as streams,
-        ClientSession(streams[0], streams[1]) as session,
-    ):
-        await session.initialize()
-        yield session
-
-
-async def call(session: ClientSession, tool: str, **arguments: Any) -> tuple[bool, str]:
-    """(whether the tool refused, its text)."""
-    result = await session.call_tool(tool, arguments)
-    return bool(result.is_error), result.content[0].text
 
 
 def answer(outcome: tuple[bool, str]) -> Any:
@@ -79,9 +57,9 @@ def test_the_protected_resource_metadata_and_the_bearer_token(server):
 
 
 def test_every_tool_works_as_the_calling_user(server):
-    alice, bob = server.make_token("alice"), server.make_token("bob")
+    alice = server.make_token("alice")
 
-    async def scenario() -> int:
+    async def scenario() -> None:
         async with mcp_session(server, alice) as session:
             assert {t.name for t in (await session.list_tools()).tools} == TOOLS
             resources = answer(await call(session, "list_compute_resources"))
@@ -112,21 +90,11 @@ def test_every_tool_works_as_the_calling_user(server):
             assert app["owner"] == "alice" and app["path"].startswith("/routes/http-")
             stopped = answer(await call(session, "stop_app", task_id=app["id"]))
             assert stopped["state"] == "cancelled"
-        async with mcp_session(server, bob) as session:
-            assert answer(await call(session, "list_runs")) == []
-            for tool in ("show_task", "task_logs", "why_task", "cancel_task", "stop_app"):
-                refused, text = await call(session, tool, task_id=done["id"])
-                what = "app" if tool == "stop_app" else "task"
-                assert refused and f"no {what} {done['id']} of yours" in text, (tool, text)
-            refused, text = await call(session, "compare_runs", task_ids=[done["id"]])
-            assert refused and f"no task {done['id']} of yours" in text
-        return int(done["id"])
 
-    task_id = asyncio.run(scenario())
-    assert server.task(task_id)["state"] == "completed"  # bob's cancel changed nothing
+    asyncio.run(scenario())
 
 
-async def _until(session: ClientSession, task_id: int, states: set[str]) -> dict[str, Any]:
+async def _until(session: Any, task_id: int, states: set[str]) -> dict[str, Any]:
     for _ in range(600):
         task = answer(await call(session, "show_task", task_id=task_id))
         if task["state"] in states:
