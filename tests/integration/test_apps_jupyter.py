@@ -12,9 +12,11 @@ import uuid
 
 import httpx
 import pytest
+import websockets.sync.client
 from app_helpers import RUN_ONE_PLUS_ONE, chromium, launch, stop, wait_ready
 from batch_helpers import open_folder, pool_yaml, remove_tree
 from conftest import HOST_ACCESS, wait_for
+from websockets.exceptions import InvalidStatus
 
 TEAMS = "teams:\n  vision: [alice]\n  nlp: [bob]\n"
 RESOURCE = "resources:\n  cpu:\n    profile: {cpus: 1, memory: 2G, walltime: 20m, pools: [p]}\n"
@@ -63,6 +65,14 @@ def test_jupyterlab_runs_through_its_route_in_a_real_browser(session_server):
         cookie = http.get(f"{route}api/kernels", headers={"Cookie": f"klique_route={bob}"})
     assert theirs.status_code == 403 and "not open to bob" in theirs.json()["detail"]
     assert nobody.status_code == 401 and cookie.status_code == 403
+    # JupyterLab's event stream, with alice's cookie: from the server's own pages, not another site.
+    events = server.url.replace("http://", "ws://") + f"{route}api/events/subscribe"
+    own = {"Cookie": f"klique_route={alice}"}
+    with websockets.sync.client.connect(events, additional_headers=own, origin=server.url):
+        pass
+    with pytest.raises(InvalidStatus) as refused:
+        websockets.sync.client.connect(events, additional_headers=own, origin="http://evil.example")
+    assert refused.value.response.status_code == 403
 
     stopped = stop(server, alice, task_id)
     assert stopped["state"] == "cancelled", stopped

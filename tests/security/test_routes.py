@@ -68,6 +68,13 @@ def test_a_session_route_opens_to_its_owner_only(routes) -> None:
     assert get(server, path, "not-a-token").status_code == 401
     admin = get(server, path, server.token)  # admins may look, with the page sandboxed
     assert admin.status_code == 200 and "sandbox" in admin.headers["content-security-policy"]
+    # Another site may link to the route, but not act through alice's cookie.
+    cookie = {"Cookie": f"klique_route={alice}"}
+    with httpx.Client(base_url=server.url, timeout=30, headers=cookie) as http:
+        assert http.get(path, headers={"Sec-Fetch-Site": "cross-site"}).status_code == 200
+        forged = http.post(path, headers={"Origin": "http://evil.example"}, content=b"x")
+        assert forged.status_code == 403
+        assert http.post(path, headers={"Origin": server.url}, content=b"x").status_code == 200
     stop(server, alice, task["id"])
 
 
