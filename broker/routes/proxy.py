@@ -21,7 +21,8 @@ from urllib.parse import parse_qsl, urlencode
 
 from broker.api.auth import Caller
 from broker.names import NAME
-from broker.routes.auth import COOKIE, RouteInfo, cookie_header, may_open, route_caller
+from broker.routes import headers as passing
+from broker.routes.auth import RouteInfo, cookie_header, may_open, route_caller
 from broker.routes.hub import SWITCH_WINDOW_S, Hub, Instance, InstanceGone
 from inside_job import frames
 
@@ -34,60 +35,18 @@ _NAME = re.compile(NAME.encode())
 IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE", "TRACE"})
 SAFE = frozenset({"GET", "HEAD", "OPTIONS"})
 CHUNK = 64 * 1024
-# Never forwarded to the app: one hop's headers (RFC 9110 7.6.1), the caller's credentials for
-# Klique, and forwarding headers a caller could forge. The server adds its own X-Forwarded-*.
-DROPPED = frozenset(
-    {
-        "connection",
-        "keep-alive",
-        "proxy-connection",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "te",
-        "trailer",
-        "transfer-encoding",
-        "upgrade",
-        "host",
-        "content-length",
-        "authorization",
-        "origin",
-        "forwarded",
-        "x-forwarded-for",
-        "x-forwarded-host",
-        "x-forwarded-proto",
-        "x-forwarded-prefix",
-        "x-real-ip",
-        "x-klique-user",
-        "sec-websocket-key",
-        "sec-websocket-version",
-        "sec-websocket-extensions",
-        "sec-websocket-accept",
-        "sec-websocket-protocol",
-    }
-)
-DROPPED_BACK = frozenset(
-    {
-        "connection",
-        "keep-alive",
-        "transfer-encoding",
-        "trailer",
-        "upgrade",
-        "proxy-authenticate",
-        "date",
-        "server",
-    }
-)
-# Pages of an endpoint, or of a session opened by someone else than its owner, get an opaque
-# origin: their scripts cannot reach other routes (or the API) with the viewer's cookies.
-SANDBOX = b"sandbox allow-scripts allow-forms allow-popups allow-downloads"
 
 
 class Refusal(Exception):
-    def __init__(self, status: int, detail: str, headers: list[tuple[bytes, bytes]] = ()):  # type: ignore[assignment]
+    """A request the route answers itself, with a status and one sentence."""
+
+    def __init__(
+        self, status: int, detail: str, headers: list[tuple[bytes, bytes]] | None = None
+    ) -> None:
         super().__init__(detail)
         self.status = status
         self.detail = detail
-        self.headers = list(headers)
+        self.headers = headers or []
 
 
 class Target:
@@ -125,9 +84,9 @@ class RouteProxy:
     # Who, and may they.
 
     def _admit(self, scope: Scope, target: Target) -> tuple[Caller, RouteInfo, str]:
-        headers = _headers(scope)
+        headers = passing.headers(scope)
         store = self.hub.scheduler.store
-        caller, how = route_caller(store, headers, _cookies(headers))
+        caller, how = route_caller(store, headers, passing.cookies(headers))
         route = self.hub.route_info(target.name)
         if caller is None:
             raise Refusal(
@@ -160,7 +119,7 @@ class RouteProxy:
             if (
                 how == "cookie"
                 and scope["method"] not in SAFE
-                and _cross_site(_headers(scope), scope)
+                and passing.cross_site(passing.headers(scope), scope)
             ):
                 raise Refusal(403, "a cross-site request to a route is refused")
             await self._forward(scope, receive, send, target, caller, route)
@@ -208,7 +167,7 @@ class RouteProxy:
             head = {
                 "method": method,
                 "target": target.upstream(instance.path),
-                "headers": _upstream_headers(scope, target, caller),
+                "headers": passing.upstream_headers(scope, target.name, caller),
             }
             stream, inbox = instance.open_stream()
             try:
@@ -234,7 +193,7 @@ class RouteProxy:
         try:
             target = Target(scope)
             caller, route, _ = self._admit(scope, target)
-            if _cross_site(_headers(scope), scope):
+            if passing.cross_site(passing.headers(scope), scope):
                 raise Refusal(403, "a cross-site WebSocket to a route is refused")
         except Refusal:
             await send({"type": "websocket.close", "code": 1008})
@@ -262,7 +221,7 @@ class RouteProxy:
     ) -> None:
         opened = {
             "target": target.upstream(instance.path),
-            "headers": _upstream_headers(scope, target, caller),
+            "headers": passing.upstream_headers(scope, target.name, caller),
             "subprotocols": list(scope.get("subprotocols") or []),
         }
         await instance.send(frames.encode_json(stream, frames.WS_OPEN, opened))
@@ -346,10 +305,10 @@ async def _relay(
     out = [
         (str(n).lower().encode("latin-1"), str(v).encode("latin-1"))
         for n, v in headers
-        if str(n).lower() not in DROPPED_BACK and not _our_cookie(str(n), str(v))
+        if str(n).lower() not in passing.DROPPED_BACK and not passing.our_cookie(str(n), str(v))
     ]
     if sandbox:
-        out.append((b"content-security-policy", SANDBOX))
+        out.append((b"content-security-policy", passing.SANDBOX))
     await send({"type": "http.response.start", "status": status, "headers": out})
     while True:
         kind, payload = await inbox.get()
@@ -361,68 +320,8 @@ async def _relay(
             return
 
 
-def _our_cookie(name: str, value: str) -> bool:
-    """An app may not set (or overwrite) the route's own cookie."""
-    return name.lower() == "set-cookie" and value.split("=", 1)[0].strip() == COOKIE
-
-
 def _sandboxed(caller: Caller, route: RouteInfo) -> bool:
     return not (route.kind == "session" and caller.user in route.owners)
-
-
-def _upstream_headers(scope: Scope, target: Target, caller: Caller) -> list[list[str]]:
-    kept: list[list[str]] = []
-    for raw_name, raw_value in scope.get("headers") or []:
-        name = raw_name.decode("latin-1").lower()
-        value = raw_value.decode("latin-1")
-        if name in DROPPED:
-            continue
-        if name == "cookie":
-            value = _without_our_cookie(value)
-            if not value:
-                continue
-        kept.append([name, value])
-    client = (scope.get("client") or ("", 0))[0]
-    host = _headers(scope).get("host", "")
-    kept += [
-        ["x-forwarded-for", str(client)],
-        ["x-forwarded-host", host],
-        ["x-forwarded-proto", str(scope.get("scheme") or "http").replace("ws", "http")],
-        ["x-forwarded-prefix", f"/routes/{target.name}"],
-        ["x-klique-user", caller.user],
-    ]
-    return kept
-
-
-def _without_our_cookie(header: str) -> str:
-    pairs = [p.strip() for p in header.split(";")]
-    return "; ".join(p for p in pairs if p and p.split("=", 1)[0].strip() != COOKIE)
-
-
-def _headers(scope: Scope) -> dict[str, str]:
-    """The request's headers by lower-case name (the first of repeated ones)."""
-    found: dict[str, str] = {}
-    for name, value in scope.get("headers") or []:
-        found.setdefault(name.decode("latin-1").lower(), value.decode("latin-1"))
-    return found
-
-
-def _cookies(headers: dict[str, str]) -> dict[str, str]:
-    found: dict[str, str] = {}
-    for pair in headers.get("cookie", "").split(";"):
-        name, _, value = pair.strip().partition("=")
-        if name:
-            found.setdefault(name, value)
-    return found
-
-
-def _cross_site(headers: dict[str, str], scope: Scope) -> bool:
-    """A browser says where a request comes from: Origin must be this server itself."""
-    origin = headers.get("origin")
-    if origin is None:
-        return headers.get("sec-fetch-site") == "cross-site"
-    host = headers.get("host", "")
-    return origin.split("://", 1)[-1].rstrip("/") != host
 
 
 async def _read_body(receive: Receive) -> bytes:
@@ -437,10 +336,7 @@ async def _read_body(receive: Receive) -> bytes:
 
 
 async def _answer(
-    send: Send,
-    status: int,
-    detail: str,
-    headers: list[tuple[bytes, bytes]] = (),  # type: ignore[assignment]
+    send: Send, status: int, detail: str, headers: list[tuple[bytes, bytes]] | None = None
 ) -> None:
     body = json.dumps({"detail": detail}).encode()
     await send(
@@ -450,7 +346,7 @@ async def _answer(
             "headers": [
                 (b"content-type", b"application/json"),
                 (b"content-length", str(len(body)).encode()),
-                *headers,
+                *(headers or []),
             ],
         }
     )
