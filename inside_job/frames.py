@@ -24,6 +24,28 @@ WS_TEXT = 8  # either way: a WebSocket text message (UTF-8)
 WS_BINARY = 9  # either way: a WebSocket binary message
 CLOSE = 10  # either way: {"code", "reason"}; the stream is over (an error, or a WebSocket close)
 
+# Headers that describe one hop of a connection (RFC 9110 section 7.6.1) or one WebSocket
+# handshake: neither side passes them on.
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "content-length",
+        "sec-websocket-key",
+        "sec-websocket-version",
+        "sec-websocket-extensions",
+        "sec-websocket-accept",
+        "sec-websocket-protocol",
+    }
+)
 _HEAD = struct.Struct(">IB")
 MAX_STREAM = 2**32 - 1
 

@@ -27,27 +27,6 @@ if TYPE_CHECKING:
 CHUNK = 64 * 1024
 PROBE_INTERVAL_S = 0.5
 MAX_BACKOFF_S = 10.0
-# Headers that describe one hop of a connection, never forwarded (RFC 9110 section 7.6.1).
-HOP_BY_HOP = frozenset(
-    {
-        "connection",
-        "keep-alive",
-        "proxy-connection",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "te",
-        "trailer",
-        "transfer-encoding",
-        "upgrade",
-        "host",
-        "content-length",
-        "sec-websocket-key",
-        "sec-websocket-version",
-        "sec-websocket-extensions",
-        "sec-websocket-accept",
-        "sec-websocket-protocol",
-    }
-)
 
 
 def tunnel_url(api_url: str, task_id: str) -> str:
@@ -219,7 +198,7 @@ def _headers(doc: dict, upstream: List[Tuple[str, str]]) -> List[Tuple[str, str]
     kept = [
         (str(n), str(v))
         for n, v in doc.get("headers") or []
-        if str(n).lower() not in HOP_BY_HOP and str(n).lower() not in names
+        if str(n).lower() not in frames.HOP_BY_HOP and str(n).lower() not in names
     ]
     return kept + upstream
 
@@ -257,7 +236,7 @@ def _http_stream(ws, stream, payload, inbox, port, upstream) -> None:
 def _response_head(response: http.client.HTTPResponse) -> dict:
     """Status and headers for the server; a length is kept when the body was not chunked
     (http.client has already undone the chunking)."""
-    headers = [[n, v] for n, v in response.getheaders() if n.lower() not in HOP_BY_HOP]
+    headers = [[n, v] for n, v in response.getheaders() if n.lower() not in frames.HOP_BY_HOP]
     length = response.getheader("Content-Length")
     if length is not None and response.getheader("Transfer-Encoding") is None:
         headers.append(["Content-Length", length])

@@ -8,40 +8,23 @@ from typing import Any
 
 from broker.api.auth import Caller
 from broker.routes.auth import COOKIE
+from inside_job import frames
 
 Scope = MutableMapping[str, Any]
 
 # Never forwarded to the app: one hop's headers (RFC 9110 7.6.1), the caller's credentials for
 # Klique, and forwarding headers a caller could forge. The server adds its own X-Forwarded-*.
-DROPPED = frozenset(
-    {
-        "connection",
-        "keep-alive",
-        "proxy-connection",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "te",
-        "trailer",
-        "transfer-encoding",
-        "upgrade",
-        "host",
-        "content-length",
-        "authorization",
-        "origin",
-        "forwarded",
-        "x-forwarded-for",
-        "x-forwarded-host",
-        "x-forwarded-proto",
-        "x-forwarded-prefix",
-        "x-real-ip",
-        "x-klique-user",
-        "sec-websocket-key",
-        "sec-websocket-version",
-        "sec-websocket-extensions",
-        "sec-websocket-accept",
-        "sec-websocket-protocol",
-    }
-)
+DROPPED = frames.HOP_BY_HOP | {
+    "authorization",
+    "origin",
+    "forwarded",
+    "x-forwarded-for",
+    "x-forwarded-host",
+    "x-forwarded-proto",
+    "x-forwarded-prefix",
+    "x-real-ip",
+    "x-klique-user",
+}
 DROPPED_BACK = frozenset(
     {
         "connection",
