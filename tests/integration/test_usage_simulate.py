@@ -16,8 +16,7 @@ from broker.usage import Run, parse_since, summarise
 PY = TASK_PY
 LONG = [PY, "-c", "import time; time.sleep(600)"]
 
-ESTATE = (
-    """
+ESTATE = """
 teams:
   vision: [alice]
   nlp: [bob]
@@ -29,14 +28,11 @@ pools:
     kind: host
     slots: 4
     gpus: 2
-    """
-    + HOST_ACCESS
-    + """
+    """ + HOST_ACCESS + """
 policies:
   vision: {resources: [1-gpu]}
   nlp: {resources: [1-gpu]}
 """
-)
 
 
 def submit(server: Server, token: str, command: list[str], project: str = "default") -> int:

@@ -24,22 +24,13 @@ def script_for(estate, resource="1-gpu", **spec_changes):
 
 def test_the_slurm_script_carries_the_profile_the_tag_and_the_estates_extra_directive():
     script = script_for(ESTATE)
-    for line in (
-        "#SBATCH --job-name=klique-0",
-        "#SBATCH --comment=klique-0",
-        "#SBATCH --partition=gpu",
-        "#SBATCH --account=research",
-        "#SBATCH --gres=gpu:1",
-        "#SBATCH --cpus-per-task=4",
-        "#SBATCH --mem=16384M",
-        "#SBATCH --time=04:00:00",
-        "#SBATCH --exclusive=user",
-    ):
+    for line in ("#SBATCH --job-name=klique-0", "#SBATCH --comment=klique-0",
+                 "#SBATCH --partition=gpu", "#SBATCH --account=research",
+                 "#SBATCH --gres=gpu:1", "#SBATCH --cpus-per-task=4", "#SBATCH --mem=16384M",
+                 "#SBATCH --time=04:00:00", "#SBATCH --exclusive=user"):
         assert line in script.splitlines(), line
-    assert (
-        "exec python3 /tmp/klique-jobs/klique-0/klique-runner.pyz /tmp/klique-jobs/klique-0"
+    assert "exec python3 /tmp/klique-jobs/klique-0/klique-runner.pyz /tmp/klique-jobs/klique-0" \
         in script
-    )
 
 
 def test_skip_directives_drop_a_directive_and_gpus_flag_switches():
@@ -52,39 +43,22 @@ def test_skip_directives_drop_a_directive_and_gpus_flag_switches():
 
 
 def test_a_job_root_that_a_directive_cannot_carry_is_refused():
-    text = (
-        (ROOT / "examples" / "estate.yaml")
-        .read_text()
-        .replace("job_root: /tmp/klique-jobs", "job_root: '/tmp/klique jobs'")
-    )
+    text = (ROOT / "examples" / "estate.yaml").read_text().replace(
+        "job_root: /tmp/klique-jobs", "job_root: '/tmp/klique jobs'")
     with pytest.raises(TemplateError):  # the --output directive cannot carry a space
         script_for(parse_estate(text, "e.yaml"))
 
 
-@pytest.mark.parametrize(
-    "bad",
-    [
-        "--comment=$(id)",
-        "--x=`id`",
-        "--a;reboot",
-        "--a\n#SBATCH -x",
-        "--comment='x'",
-        "--export=ALL,X=$HOME",
-    ],
-)
+@pytest.mark.parametrize("bad", ["--comment=$(id)", "--x=`id`", "--a;reboot", "--a\n#SBATCH -x",
+                                 "--comment='x'", "--export=ALL,X=$HOME"])
 def test_hostile_directives_are_refused(bad):
     with pytest.raises(TemplateError, match="not allowed"):
         safe_directive(bad, "the estate")
 
 
 @settings(max_examples=200, deadline=None)
-@given(
-    name=st.text(),
-    args=st.lists(st.text(), max_size=4),
-    env=st.dictionaries(
-        st.from_regex(r"[A-Z][A-Z0-9_]{0,10}", fullmatch=True), st.text(), max_size=3
-    ),
-)
+@given(name=st.text(), args=st.lists(st.text(), max_size=4), env=st.dictionaries(
+    st.from_regex(r"[A-Z][A-Z0-9_]{0,10}", fullmatch=True), st.text(), max_size=3))
 def test_free_text_never_changes_the_script(name, args, env):
     plain = script_for(ESTATE)
     assert script_for(ESTATE, name=name, command=("python", *args), env=env) == plain
