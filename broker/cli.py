@@ -348,8 +348,9 @@ def demo(stop: bool) -> None:
 
 
 def _register_platform_commands() -> None:
-    from broker import cli_platform
+    from broker import cli_apps, cli_platform
 
+    main.add_command(cli_apps.app)
     for command in (
         cli_platform.estate,
         cli_platform.token,

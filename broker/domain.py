@@ -180,6 +180,26 @@ class Limits:
 
 
 @dataclass(frozen=True)
+class StaticRoute:
+    """A route the platform team made: it outlives the endpoints launched behind it and spreads
+    requests over every live one. `teams` may call it; `apps` may serve it (empty: any endpoint)."""
+
+    name: str
+    teams: tuple[str, ...] = ()
+    apps: tuple[str, ...] = ()
+    created_by: str = "estate"
+
+
+@dataclass(frozen=True)
+class AppSettings:
+    """The estate's `apps:` section: where the app catalogue is, and the running-apps quotas."""
+
+    catalogue: str | None = None  # a folder of app files; None: the built-in catalogue
+    max_running: int | None = None  # apps running at once, company-wide
+    max_running_per_team: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class Estate:
     """Everything the platform team declares: the validated content of the estate file."""
 
@@ -195,6 +215,8 @@ class Estate:
     starvation_s: float = 3600.0  # a task waiting longer goes first and pins a host pool
     limits: Limits = field(default_factory=Limits)
     templates_dir: str | None = None  # the site's batch templates, searched before the built-in
+    apps: AppSettings = field(default_factory=AppSettings)
+    routes: dict[str, StaticRoute] = field(default_factory=dict)
     source: str = "<built-in>"
     text: str = ""  # the file as written: `klique agent` builds the same estate from it
 
@@ -236,6 +258,8 @@ class TaskSpec:
     requirements: tuple[str, ...] = ()
     requirements_file: str | None = None  # in the code: requirements.txt, pyproject.toml, uv.lock
     image: str | None = None
+    kind: str = "batch"  # or "application": an app from the catalogue, reached through a route
+    app: dict[str, Any] | None = None  # an application's launch: see broker/apps/launch.py
 
 
 @dataclass(frozen=True)

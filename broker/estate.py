@@ -13,12 +13,14 @@ import yaml
 from pydantic import Field, TypeAdapter, ValidationError
 
 from broker.domain import (
+    AppSettings,
     ComputeResource,
     Estate,
     Limits,
     Policy,
     Pool,
     Profile,
+    StaticRoute,
     Team,
     UserMap,
 )
@@ -66,6 +68,17 @@ class LimitsFile(Strict):
     max_diff: SizeMB = 16  # MiB
 
 
+class AppsFile(Strict):
+    catalogue: str | None = None  # a folder of app files, relative to this file; null: built-in
+    max_running: Annotated[int, Field(ge=0)] | None = None
+    max_running_per_team: dict[Name, Annotated[int, Field(ge=0)]] = {}
+
+
+class RouteFile(Strict):
+    teams: list[Name] = []
+    apps: list[Name] = []
+
+
 class EstateFile(Strict):
     defaults: DefaultsFile = DefaultsFile()
     limits: LimitsFile = LimitsFile()
@@ -75,6 +88,8 @@ class EstateFile(Strict):
     # Each pool is checked against its kind's own settings model (see _pools).
     pools: dict[Name, dict[str, Any]] = Field(min_length=1)
     policies: dict[Name, PolicyFile] = {}
+    apps: AppsFile = AppsFile()
+    routes: dict[Name, RouteFile] = {}
 
 
 _FIXES = {
@@ -107,7 +122,11 @@ def load_estate(path: str | os.PathLike[str]) -> Estate:
         text = Path(path).read_text()
     except OSError as exc:
         raise EstateError([f"{source}: cannot read the estate file: {exc.strerror}"]) from exc
-    return parse_estate(text, source)
+    estate = parse_estate(text, source)
+    from broker.apps.catalogue import load_catalogue
+
+    load_catalogue(estate)  # its own errors name the app file and line
+    return estate
 
 
 def parse_estate(text: str, source: str = "<estate>") -> Estate:
@@ -233,6 +252,13 @@ def _cross_check(
                         "under resources:",
                     )
                 )
+    quota_teams = [
+        (("apps", "max_running_per_team", t), t) for t in model.apps.max_running_per_team
+    ]
+    route_teams = [(("routes", n, "teams"), t) for n, r in model.routes.items() for t in r.teams]
+    for at, team in quota_teams + route_teams:
+        if model.teams and team not in model.teams:
+            problems.append((at, f"team {team!r} is not declared; fix: add it under teams:"))
     if model.defaults.resource and model.defaults.resource not in model.resources:
         problems.append(
             (
@@ -335,8 +361,24 @@ def _build(model: EstateFile, pools: dict[str, PoolSettings], source: str) -> Es
             max_diff_bytes=model.limits.max_diff * 1024 * 1024,
         ),
         templates_dir=model.templates_dir,
+        apps=AppSettings(
+            catalogue=_beside(source, model.apps.catalogue),
+            max_running=model.apps.max_running,
+            max_running_per_team=dict(model.apps.max_running_per_team),
+        ),
+        routes={
+            name: StaticRoute(name, tuple(r.teams), tuple(r.apps))
+            for name, r in model.routes.items()
+        },
         source=source,
     )
+
+
+def _beside(source: str, folder: str | None) -> str | None:
+    """A folder named in the estate, relative to the estate file's own folder."""
+    if folder is None or os.path.isabs(folder) or not os.path.isfile(source):
+        return folder
+    return os.path.join(os.path.dirname(os.path.abspath(source)), folder)
 
 
 def _build_pool(name: str, p: PoolSettings) -> Pool:

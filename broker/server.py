@@ -82,7 +82,11 @@ def build_app(
                 await driver.close()
             store.close()
 
-    return create_app(scheduler, lifespan=lifespan)
+    app = create_app(scheduler, lifespan=lifespan)
+    from broker.mcp.server import mount_mcp
+
+    mount_mcp(app, os.environ.get("KLIQUE_PUBLIC_URL") or api_url)
+    return app
 
 
 def serve(estate: Estate, home: Path, db_url: str, host: str, port: int) -> None:

@@ -1,18 +1,18 @@
 """The REST API (OpenAPI at /docs and /openapi.json). Thin: validation, auth, the store."""
 
 import asyncio
-import hmac
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request
+from fastapi import FastAPI, Header, HTTPException, Query, Request
 from fastapi import Path as PathParam
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
 from broker.api.agents import agent_router
+from broker.api.auth import Auth, Caller, bearer, owned_task, report_token_valid
+from broker.api.create import new_task
 from broker.api.limits import BodyLimit
 from broker.api.schemas import (
     LogChunk,
@@ -34,7 +34,6 @@ from broker.estate import parse_estate
 from broker.scheduler.fairshare import UsageRow, decayed_usage
 from broker.scheduler.loop import HOLDING, Scheduler, _active
 from broker.simulate import Trace, queued_of, simulate
-from broker.store.repository import token_digest
 from broker.usage import Run, UsageKey, summarise
 from inside_job.reporter import decode_prefix
 
@@ -59,13 +58,6 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 TaskId = Annotated[int, PathParam(ge=1, lt=2**63, description="A task's id.")]
 _LOG_CHUNK = 1 << 20
-_NO_TASK = token_digest("")  # compared against when the id is unknown: the same work either way
-
-
-@dataclass(frozen=True)
-class Caller:
-    user: str
-    admin: bool
 
 
 def create_app(scheduler: Scheduler, lifespan: Any = None) -> FastAPI:
@@ -84,19 +76,6 @@ def create_app(scheduler: Scheduler, lifespan: Any = None) -> FastAPI:
         status = 404 if isinstance(exc, NotFound) else 403 if isinstance(exc, NotPermitted) else 400
         return JSONResponse({"detail": str(exc)}, status_code=status)
 
-    def caller(authorization: Annotated[str | None, Header()] = None) -> Caller:
-        token = (authorization or "").removeprefix("Bearer ").strip()
-        found = scheduler.store.user_for_token(token) if token else None
-        if found is None:
-            raise HTTPException(
-                401,
-                "missing or unknown token; run `klique login --token TOKEN` "
-                "(the server prints where its admin token is)",
-            )
-        return Caller(*found)
-
-    Auth = Annotated[Caller, Depends(caller)]
-
     def admin(who: Auth) -> Caller:
         if not who.admin:
             raise NotPermitted("only an admin token can do this; ask the platform team")
@@ -105,10 +84,7 @@ def create_app(scheduler: Scheduler, lifespan: Any = None) -> FastAPI:
     app.include_router(agent_router(scheduler, admin))
 
     def own_task(task_id: int, who: Caller) -> Task:
-        task = scheduler.store.get(task_id)
-        if task.owner != who.user and not who.admin:
-            raise NotFound(f"no task {task_id} of yours; `klique ls` lists your tasks")
-        return task
+        return owned_task(scheduler.store, task_id, who)
 
     @app.get(f"{API}/health")
     def health() -> dict[str, Any]:
@@ -128,31 +104,9 @@ def create_app(scheduler: Scheduler, lifespan: Any = None) -> FastAPI:
 
     @app.post(f"{API}/tasks", status_code=201)
     def submit(body: SubmitRequest, who: Auth) -> TaskOut:
-        estate = scheduler.estate
-        resource = body.resource or estate.default_resource or ""
-        if resource not in estate.resources:
-            known = ", ".join(estate.resources)
-            raise NotFound(
-                f"unknown compute resource {resource!r}; known: {known} "
-                "(`klique resources` lists them)"
-            )
-        if body.code is not None and len(body.code.diff.encode()) > estate.limits.max_diff_bytes:
-            raise HTTPException(
-                413,
-                f"the uncommitted diff is {len(body.code.diff.encode())} bytes, over this "
-                f"server's limit of {estate.limits.max_diff_bytes}; fix: commit and push the "
-                "change, ignore large files in .gitignore, or ask the platform team to raise "
-                "limits.max_diff in the estate",
-            )
-        team = estate.team_of(who.user)
-        if not estate.permitted(team, resource):
-            raise NotPermitted(
-                f"team {team or '(none)'} may not use compute resource {resource!r}; "
-                "ask the platform team to add it to your team's policy"
-            )
         spec = TaskSpec(
             command=tuple(body.command),
-            resource=resource,
+            resource=body.resource or scheduler.estate.default_resource or "",
             name=body.name,
             project=body.project,
             env=dict(body.env),
@@ -161,10 +115,7 @@ def create_app(scheduler: Scheduler, lifespan: Any = None) -> FastAPI:
             image=body.image,
             code=CodeSpec(**body.code.model_dump()) if body.code else None,
         )
-        profile = estate.resources[resource].profile
-        task = scheduler.store.create_task(spec, who.user, team, gpus=profile.gpu_share)
-        scheduler.wake()
-        return _task_out(task, scheduler)
+        return _task_out(new_task(scheduler, who, spec), scheduler)
 
     @app.get(f"{API}/tasks")
     def list_tasks(
@@ -237,10 +188,7 @@ def create_app(scheduler: Scheduler, lifespan: Any = None) -> FastAPI:
     ) -> dict[str, bool]:
         """What a task's runner says: state, console, scalars, its end. The end is a claim: the
         task becomes final only when its pool sees the job gone (see SECURITY.md)."""
-        given = token_digest((authorization or "").removeprefix("Bearer ").strip())
-        expected = scheduler.store.report_digest(task_id) or ""
-        # Unknown ids and wrong tokens get the same answer, after the same comparison.
-        if not hmac.compare_digest(given, expected or _NO_TASK) or not expected:
+        if not report_token_valid(scheduler.store, task_id, bearer(authorization)):
             raise HTTPException(401, "not a valid report token for this task")
         task = scheduler.store.get(task_id)
         if body.console is not None:
@@ -323,6 +271,11 @@ def create_app(scheduler: Scheduler, lifespan: Any = None) -> FastAPI:
             out.trace = Trace(queued, active, states, shares, now).to_dict()
         return out
 
+    from broker.api.apps import router as apps_router
+    from broker.routes import mount_routes
+
+    app.include_router(apps_router, prefix=API)
+    mount_routes(app)
     return app
 
 
