@@ -1,16 +1,18 @@
 """The REST API (OpenAPI at /docs and /openapi.json). Thin: validation, auth, the store."""
 
-import hmac
+import asyncio
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request
+from fastapi import FastAPI, Header, HTTPException, Query, Request
 from fastapi import Path as PathParam
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
+from broker.api.agents import agent_router
+from broker.api.auth import Auth, Caller, bearer, owned_task, report_token_valid
+from broker.api.create import new_task
 from broker.api.limits import BodyLimit
 from broker.api.schemas import (
     LogChunk,
@@ -32,9 +34,7 @@ from broker.estate import parse_estate
 from broker.scheduler.fairshare import UsageRow, decayed_usage
 from broker.scheduler.loop import HOLDING, Scheduler, _active
 from broker.simulate import Trace, queued_of, simulate
-from broker.store.repository import token_digest
 from broker.usage import Run, UsageKey, summarise
-from broker.web import session as web_session
 from inside_job.reporter import decode_prefix
 
 API = "/api/v1"
@@ -58,13 +58,6 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 TaskId = Annotated[int, PathParam(ge=1, lt=2**63, description="A task's id.")]
 _LOG_CHUNK = 1 << 20
-_NO_TASK = token_digest("")  # compared against when the id is unknown: the same work either way
-
-
-@dataclass(frozen=True)
-class Caller:
-    user: str
-    admin: bool
 
 
 def create_app(scheduler: Scheduler, lifespan: Any = None) -> FastAPI:
@@ -83,27 +76,21 @@ def create_app(scheduler: Scheduler, lifespan: Any = None) -> FastAPI:
         status = 404 if isinstance(exc, NotFound) else 403 if isinstance(exc, NotPermitted) else 400
         return JSONResponse({"detail": str(exc)}, status_code=status)
 
-    def caller(request: Request, authorization: Annotated[str | None, Header()] = None) -> Caller:
-        token = (authorization or "").removeprefix("Bearer ").strip()
-        found = scheduler.store.user_for_token(token) if token else None
-        if found is None and not token:
-            found = web_caller(scheduler.store, request)  # the web UI's session cookie
-        if found is None:
-            raise HTTPException(
-                401,
-                "missing or unknown token; run `klique login --token TOKEN` "
-                "(the server prints where its admin token is)",
-            )
-        return Caller(*found)
+    def admin(who: Auth) -> Caller:
+        if not who.admin:
+            raise NotPermitted("only an admin token can do this; ask the platform team")
+        return who
 
-    Auth = Annotated[Caller, Depends(caller)]
+    app.include_router(agent_router(scheduler, admin))
 
     def own_task(task_id: int, who: Caller) -> Task:
-        return owned_task(scheduler, task_id, who)
+        return owned_task(scheduler.store, task_id, who)
 
     @app.get(f"{API}/health")
     def health() -> dict[str, Any]:
-        return {"ok": True, "cycles": scheduler.cycles}
+        """Up; placement cycles run, and each pool agent's looks at its pool."""
+        looks = {name: agent.looks for name, agent in scheduler.agents.items()}
+        return {"ok": True, "cycles": scheduler.cycles, "looks": looks}
 
     @app.get(f"{API}/whoami")
     def whoami(who: Auth) -> dict[str, Any]:
@@ -117,31 +104,9 @@ def create_app(scheduler: Scheduler, lifespan: Any = None) -> FastAPI:
 
     @app.post(f"{API}/tasks", status_code=201)
     def submit(body: SubmitRequest, who: Auth) -> TaskOut:
-        estate = scheduler.estate
-        resource = body.resource or estate.default_resource or ""
-        if resource not in estate.resources:
-            known = ", ".join(estate.resources)
-            raise NotFound(
-                f"unknown compute resource {resource!r}; known: {known} "
-                "(`klique resources` lists them)"
-            )
-        if body.code is not None and len(body.code.diff.encode()) > estate.limits.max_diff_bytes:
-            raise HTTPException(
-                413,
-                f"the uncommitted diff is {len(body.code.diff.encode())} bytes, over this "
-                f"server's limit of {estate.limits.max_diff_bytes}; fix: commit and push the "
-                "change, ignore large files in .gitignore, or ask the platform team to raise "
-                "limits.max_diff in the estate",
-            )
-        team = estate.team_of(who.user)
-        if not estate.permitted(team, resource):
-            raise NotPermitted(
-                f"team {team or '(none)'} may not use compute resource {resource!r}; "
-                "ask the platform team to add it to your team's policy"
-            )
         spec = TaskSpec(
             command=tuple(body.command),
-            resource=resource,
+            resource=body.resource or scheduler.estate.default_resource or "",
             name=body.name,
             project=body.project,
             env=dict(body.env),
@@ -150,10 +115,7 @@ def create_app(scheduler: Scheduler, lifespan: Any = None) -> FastAPI:
             image=body.image,
             code=CodeSpec(**body.code.model_dump()) if body.code else None,
         )
-        profile = estate.resources[resource].profile
-        task = scheduler.store.create_task(spec, who.user, team, gpus=profile.gpu_share)
-        scheduler.wake()
-        return _task_out(task, scheduler)
+        return _task_out(new_task(scheduler, who, spec), scheduler)
 
     @app.get(f"{API}/tasks")
     def list_tasks(
@@ -187,7 +149,7 @@ def create_app(scheduler: Scheduler, lifespan: Any = None) -> FastAPI:
     async def logs(
         task_id: TaskId, who: Auth, offset: Annotated[int, Query(ge=0, lt=2**62)] = 0
     ) -> LogChunk:
-        task = own_task(task_id, who)
+        task = await asyncio.to_thread(own_task, task_id, who)
         data = await _read_console(task, scheduler, offset)
         # A character split at the chunk's end waits for the next read, unless this is the end.
         text, used = decode_prefix(data, task.state.final and len(data) < _LOG_CHUNK)
@@ -195,10 +157,10 @@ def create_app(scheduler: Scheduler, lifespan: Any = None) -> FastAPI:
 
     @app.post(f"{API}/tasks/{{task_id}}/cancel")
     async def cancel(task_id: TaskId, who: Auth) -> TaskOut:
-        task = own_task(task_id, who)
-        if task.state.final:
-            return _task_out(task, scheduler)
-        return _task_out(await scheduler.cancel(task), scheduler)
+        task = await asyncio.to_thread(own_task, task_id, who)
+        if not task.state.final:
+            task = await scheduler.cancel(task)
+        return await asyncio.to_thread(_task_out, task, scheduler)
 
     @app.post(f"{API}/tasks/{{task_id}}/report")
     def report(
@@ -206,10 +168,7 @@ def create_app(scheduler: Scheduler, lifespan: Any = None) -> FastAPI:
     ) -> dict[str, bool]:
         """What a task's runner says: state, console, scalars, its end. The end is a claim: the
         task becomes final only when its pool sees the job gone (see SECURITY.md)."""
-        given = token_digest((authorization or "").removeprefix("Bearer ").strip())
-        expected = scheduler.store.report_digest(task_id) or ""
-        # Unknown ids and wrong tokens get the same answer, after the same comparison.
-        if not hmac.compare_digest(given, expected or _NO_TASK) or not expected:
+        if not report_token_valid(scheduler.store, task_id, bearer(authorization)):
             raise HTTPException(401, "not a valid report token for this task")
         task = scheduler.store.get(task_id)
         if body.console is not None:
@@ -222,7 +181,7 @@ def create_app(scheduler: Scheduler, lifespan: Any = None) -> FastAPI:
             )
         if body.exit is not None and not task.state.final:
             scheduler.store.update(task.id, claim=body.exit.model_dump())
-            scheduler.wake()  # the pool confirms at its next look
+            scheduler.wake_pool(task.pool)  # the pool confirms at its next look
         return {"ok": True}
 
     @app.get(f"{API}/resources")
@@ -237,7 +196,7 @@ def create_app(scheduler: Scheduler, lifespan: Any = None) -> FastAPI:
     @app.get(f"{API}/pools")
     def pools(who: Auth) -> list[PoolOut]:
         return [
-            PoolOut.of(p, scheduler.pool_states.get(p.name), scheduler.drivers[p.name].strangers)
+            PoolOut.of(p, scheduler.snapshots().get(p.name), scheduler.strangers(p.name))
             for p in scheduler.estate.pools.values()
         ]
 
@@ -251,30 +210,16 @@ def create_app(scheduler: Scheduler, lifespan: Any = None) -> FastAPI:
         """One placement cycle of the current queue under a changed estate; changes nothing."""
         return simulation_out(scheduler, body, who)
 
+    from broker.api.apps import router as apps_router
+    from broker.routes import mount_routes
+
+    app.include_router(apps_router, prefix=API)
+    mount_routes(app)
+
     from broker.web.ui import web_router  # the web UI uses this module's helpers below
 
     app.include_router(web_router(scheduler))
     return app
-
-
-def web_caller(store: Any, request: Request) -> tuple[str, bool] | None:
-    """The user of a signed-in browser; a state-changing request must carry its CSRF token."""
-    session = web_session.current(store, request)
-    if session is None:
-        return None
-    if request.method not in web_session.SAFE_METHODS and not web_session.csrf_ok(
-        session, request.headers.get(web_session.CSRF_HEADER)
-    ):
-        raise HTTPException(403, "missing or wrong X-CSRF-Token header; reload the page")
-    return session.user, session.admin
-
-
-def owned_task(scheduler: Scheduler, task_id: int, who: Caller) -> Task:
-    """The task if `who` owns it or is an admin; otherwise the same answer as a missing one."""
-    task = scheduler.store.get(task_id)
-    if task.owner != who.user and not who.admin:
-        raise NotFound(f"no task {task_id} of yours; `klique ls` lists your tasks")
-    return task
 
 
 def why_out(scheduler: Scheduler, task: Task) -> WhyOut:
@@ -301,6 +246,7 @@ def why_out(scheduler: Scheduler, task: Task) -> WhyOut:
 
 
 def usage_out(scheduler: Scheduler, who: Caller, by: UsageKey, since: float | None) -> UsageOut:
+    """GPU-seconds and wall seconds from the ledger; admins see everyone, users themselves."""
     until = time.time()
     runs = [
         Run(r.owner, r.team, r.project, r.resource, r.pool, r.gpus, r.start, r.end)
@@ -327,6 +273,7 @@ def usage_out(scheduler: Scheduler, who: Caller, by: UsageKey, since: float | No
 
 
 def simulation_out(scheduler: Scheduler, body: SimulateRequest, who: Caller) -> SimulationOut:
+    """One placement cycle of the current queue under a changed estate; changes nothing."""
     if not who.admin:
         raise NotPermitted(
             "only an admin token can simulate a changed estate; ask the platform team"
@@ -341,7 +288,7 @@ def simulation_out(scheduler: Scheduler, body: SimulateRequest, who: Caller) -> 
     shares = decayed_usage(
         [UsageRow(r.team or "", r.start, r.end, r.gpus) for r in ledger], now, half_life
     )
-    states = dict(scheduler.pool_states)
+    states = scheduler.snapshots()
     result = simulate(estate, queued, active, states, shares, now)
     out = SimulationOut.model_validate(result.to_dict())
     if body.include_trace:

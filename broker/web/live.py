@@ -20,7 +20,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 from markupsafe import escape
 
-from broker.api.app import TaskId, _read_console, _task_out, owned_task, why_out
+from broker.api.app import TaskId, _read_console, _task_out, why_out
+from broker.api.auth import owned_task
 from broker.domain import Task, TaskState
 from broker.errors import NotFound
 from broker.store import web as web_store
@@ -226,7 +227,7 @@ def add_routes(router: APIRouter, web: Web) -> None:
     def task_events(request: Request, task_id: TaskId) -> StreamingResponse:
         who = web.viewer(request)
         try:
-            task = owned_task(web.scheduler, task_id, who.caller)
+            task = owned_task(web.scheduler.store, task_id, who.caller)
         except NotFound:
             return _sse(_gone())
         stream = TaskStream(web, request, who, task)

@@ -33,8 +33,7 @@ MAX_ESTATE = 4 << 20  # an uploaded estate file for the simulator
 
 @dataclass(frozen=True)
 class PoolView:
-    out: PoolOut
-    last_good: float | None
+    out: PoolOut  # its last_good: when the pool last answered well
     slots: int | None  # host pools: slots and GPUs from the estate
     gpus: int | None
     running: int
@@ -53,14 +52,12 @@ def pool_views(scheduler: Scheduler) -> list[PoolView]:
         )
     }
     views = []
+    states = scheduler.snapshots()
     for pool in scheduler.estate.pools.values():
-        driver = scheduler.drivers.get(pool.name)
-        strangers = driver.strangers if driver is not None else set()
-        host = not pool.kind.queueing
+        host = not pool.queueing
         views.append(
             PoolView(
-                PoolOut.of(pool, scheduler.pool_states.get(pool.name), strangers),
-                scheduler.last_good.get(pool.name),
+                PoolOut.of(pool, states.get(pool.name), scheduler.strangers(pool.name)),
                 pool.slots if host else None,
                 pool.gpus if host else None,
                 running.get(pool.name, (0, 0.0))[0],
@@ -260,7 +257,7 @@ def add_routes(router: APIRouter, web: Web) -> None:
             who,
             "platform.html",
             resources=list(estate.resources),
-            pools=[p.name for p in estate.pools.values() if p.kind.queueing],
+            pools=[p.name for p in estate.pools.values() if p.queueing],
             resource=resource,
             pool=pool or "",
             check=check,

@@ -11,7 +11,8 @@ import httpx
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
-from broker.api.app import TaskId, _read_console, _task_out, owned_task, why_out
+from broker.api.app import TaskId, _read_console, _task_out, why_out
+from broker.api.auth import owned_task
 from broker.api.schemas import TaskOut
 from broker.domain import Task, TaskState
 from broker.errors import NotFound
@@ -161,7 +162,7 @@ def add_routes(router: APIRouter, web: Web) -> None:
         who = web.viewer(request)
         stamp = web_store.updated_at(web.store, task_id)  # before the read: the stream goes on
         try:
-            found = owned_task(scheduler, task_id, who.caller)
+            found = owned_task(scheduler.store, task_id, who.caller)
         except NotFound as exc:
             return web.error(request, who, 404, str(exc))
         out = _task_out(found, scheduler, detail=True)
@@ -187,7 +188,7 @@ def add_routes(router: APIRouter, web: Web) -> None:
     async def cancel(request: Request, task_id: TaskId) -> Response:
         who, form = await web.posted(request)
         try:
-            found = owned_task(scheduler, task_id, who.caller)
+            found = owned_task(scheduler.store, task_id, who.caller)
         except NotFound as exc:
             return web.error(request, who, 404, str(exc))
         if not found.state.final:
@@ -202,7 +203,7 @@ def add_routes(router: APIRouter, web: Web) -> None:
         missing = []
         for task_id in ids[:1000]:
             try:
-                found = owned_task(scheduler, task_id, who.caller)
+                found = owned_task(scheduler.store, task_id, who.caller)
             except NotFound:
                 missing.append(str(task_id))
                 continue
@@ -222,7 +223,7 @@ def add_routes(router: APIRouter, web: Web) -> None:
         outs, problems = [], []
         for task_id in dict.fromkeys(wanted):
             try:
-                found = owned_task(scheduler, task_id, who.caller)
+                found = owned_task(scheduler.store, task_id, who.caller)
             except NotFound as exc:
                 problems.append(str(exc))
                 continue
@@ -242,7 +243,7 @@ def add_routes(router: APIRouter, web: Web) -> None:
     def clone_form(request: Request, task_id: TaskId) -> HTMLResponse:
         who = web.viewer(request)
         try:
-            out = _task_out(owned_task(scheduler, task_id, who.caller), scheduler)
+            out = _task_out(owned_task(scheduler.store, task_id, who.caller), scheduler)
         except NotFound as exc:
             return web.error(request, who, 404, str(exc))
         if not web.features(request).clone:
@@ -253,7 +254,7 @@ def add_routes(router: APIRouter, web: Web) -> None:
     async def clone(request: Request, task_id: TaskId) -> Response:
         who, form = await web.posted(request)
         try:
-            out = _task_out(owned_task(scheduler, task_id, who.caller), scheduler)
+            out = _task_out(owned_task(scheduler.store, task_id, who.caller), scheduler)
         except NotFound as exc:
             return web.error(request, who, 404, str(exc))
         if not web.features(request).clone:

@@ -18,7 +18,7 @@ from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from starlette.datastructures import FormData
 
-from broker.api.app import Caller
+from broker.api.auth import Caller
 from broker.scheduler.loop import Scheduler
 from broker.web import session as web_session
 from broker.web.features import Features, detect

@@ -12,7 +12,8 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 from fastapi.testclient import TestClient
 
-from broker.api.app import API, web_caller
+from broker.api.app import API
+from broker.api.auth import web_caller
 from broker.domain import TaskSpec
 from broker.estate import builtin_estate
 from broker.server import build_app

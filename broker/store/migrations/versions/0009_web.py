@@ -1,15 +1,15 @@
 """the web UI: signed-in browser sessions; indexes for the task list's filters and live updates
 
-Revision ID: 0004_web
-Revises: 0003
+Revision ID: 0009_web
+Revises: 0006_apps
 Create Date: 2026-12-01 12:00:00.000000
 """
 
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0004_web"
-down_revision = "0003"
+revision = "0009_web"
+down_revision = "0006_apps"
 branch_labels = None
 depends_on = None
 
