@@ -63,7 +63,7 @@ async def _pool_problems(estate: Estate) -> list[str]:
     context = Context(estate, config.home(), Path("klique-runner.pyz"), None)
     problems: list[str] = []
     for name, pool in estate.pools.items():
-        if not pool.kind.queueing and not (pool.user_map.accounts or pool.user_map.default):
+        if not pool.kind.queueing and not pool.user_map.maps_anyone:
             continue  # a single-user pool: which account it serves is the server's own
         driver = make_driver(pool.kind)(pool, context)
         try:

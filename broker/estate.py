@@ -8,7 +8,15 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+)
 
 from broker.domain import (
     ComputeResource,
@@ -22,6 +30,7 @@ from broker.domain import (
     UserMap,
 )
 from broker.errors import EstateError
+from broker.identity.config import IdentityFile, identity_problems
 
 _SIZE_UNITS = {"": 1, "k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 * 1024}
 _TIME_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -90,10 +99,29 @@ class TransportFile(_Strict):
     client_keys: list[str] = []
 
 
+class UserMapRuleFile(_Strict):
+    """`user_map: {rule: same-name, deny: [...]}`: a user maps to the account of the same name."""
+
+    rule: Literal["same-name"]
+    deny: list[str] = []
+
+
+def _user_map_form(value: Any) -> str:
+    if isinstance(value, UserMapRuleFile) or (isinstance(value, dict) and "rule" in value):
+        return "rule"
+    return "map"
+
+
+UserMapField = Annotated[
+    Annotated[UserMapRuleFile, Tag("rule")] | Annotated[dict[str, str], Tag("map")],
+    Discriminator(_user_map_form),
+]
+
+
 class PoolFile(_Strict):
     kind: PoolKind
     description: str = ""
-    user_map: dict[str, str] = {}
+    user_map: UserMapField = {}
     slots: int = Field(1, ge=1)
     gpus: int = Field(0, ge=0)
     gpu_memory: SizeMB = 0
@@ -159,6 +187,7 @@ class EstateFile(_Strict):
     resources: dict[Name, ResourceFile] = Field(min_length=1)
     pools: dict[Name, PoolFile] = Field(min_length=1)
     policies: dict[Name, PolicyFile] = {}
+    identity: IdentityFile | None = None
 
 
 _FIXES = {
@@ -210,7 +239,7 @@ def parse_estate(text: str, source: str = "<estate>") -> Estate:
 
 
 def _describe(err: Any, lines: _LineMap) -> str:
-    path = tuple(str(p) for p in err["loc"])
+    path = _untagged(tuple(str(p) for p in err["loc"]))
     message = err["msg"].removeprefix("Value error, ")
     if err["type"] == "missing":
         message = "is required"
@@ -220,6 +249,15 @@ def _describe(err: Any, lines: _LineMap) -> str:
     if err["type"] in ("enum", "literal_error") and "expected" in err.get("ctx", {}):
         fix = f"use one of {err['ctx']['expected']}"
     return lines.error(path, f"{message}; fix: {fix}")
+
+
+def _untagged(path: tuple[str, ...]) -> tuple[str, ...]:
+    """Without the tag pydantic adds for the form of a user_map (a mapping, or a rule)."""
+    if "user_map" in path:
+        i = path.index("user_map") + 1
+        if path[i : i + 1] in (("rule",), ("map",)):
+            return path[:i] + path[i + 1 :]
+    return path
 
 
 def _cross_check(model: EstateFile) -> list[tuple[tuple[str, ...], str]]:
@@ -281,7 +319,16 @@ def _cross_check(model: EstateFile) -> list[tuple[tuple[str, ...], str]]:
                     "and create it with `install -d -m 1777 PATH`",
                 )
             )
-        for user, account in pool.user_map.items():
+        explicit = pool.user_map if isinstance(pool.user_map, dict) else {}
+        if isinstance(pool.user_map, UserMapRuleFile) and not pool.query_account:
+            problems.append(
+                (
+                    ("pools", pool_name, "user_map"),
+                    "a user_map rule names no account in advance; fix: add query_account: an "
+                    "ordinary account that the pool's start-up checks and status queries run as",
+                )
+            )
+        for user, account in explicit.items():
             if account == "root" or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}", account):
                 problems.append(
                     (
@@ -319,6 +366,7 @@ def _cross_check(model: EstateFile) -> list[tuple[tuple[str, ...], str]]:
                         "under resources:",
                     )
                 )
+    problems += [(path[:-1], path[-1]) for path in identity_problems(model.identity, model.teams)]
     if model.defaults.resource and model.defaults.resource not in model.resources:
         problems.append(
             (
@@ -380,12 +428,16 @@ def _build(model: EstateFile, source: str) -> Estate:
             max_diff_bytes=model.limits.max_diff * 1024 * 1024,
         ),
         source=source,
+        identity=model.identity,
     )
 
 
 def _build_pool(name: str, p: PoolFile) -> Pool:
-    accounts = dict(p.user_map)
-    default = accounts.pop("default", None)
+    if isinstance(p.user_map, UserMapRuleFile):
+        user_map = UserMap(rule=p.user_map.rule, deny=frozenset(p.user_map.deny))
+    else:
+        accounts = dict(p.user_map)
+        user_map = UserMap(accounts, accounts.pop("default", None))
     settings = p.model_dump(
         exclude={
             "kind",
@@ -403,7 +455,7 @@ def _build_pool(name: str, p: PoolFile) -> Pool:
     return Pool(
         name=name,
         kind=p.kind,
-        user_map=UserMap(accounts, default),
+        user_map=user_map,
         slots=p.slots,
         gpus=p.gpus,
         gpu_memory_mb=p.gpu_memory,

@@ -2,7 +2,6 @@
 
 import hmac
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -11,6 +10,8 @@ from fastapi import Path as PathParam
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
+from broker.api.auth import make_caller
+from broker.api.identity import identity_router
 from broker.api.limits import BodyLimit
 from broker.api.schemas import (
     LogChunk,
@@ -21,7 +22,6 @@ from broker.api.schemas import (
     SimulationOut,
     SubmitRequest,
     TaskOut,
-    TokenRequest,
     UsageLineOut,
     UsageOut,
     WhyOut,
@@ -29,6 +29,7 @@ from broker.api.schemas import (
 from broker.domain import CodeSpec, Task, TaskSpec, TaskState
 from broker.errors import KliqueError, NotFound, NotPermitted
 from broker.estate import parse_estate
+from broker.identity.resolve import Caller, Identities
 from broker.scheduler.fairshare import UsageRow, decayed_usage
 from broker.scheduler.loop import HOLDING, Scheduler, _active
 from broker.simulate import Trace, queued_of, simulate
@@ -60,12 +61,6 @@ _LOG_CHUNK = 1 << 20
 _NO_TASK = token_digest("")  # compared against when the id is unknown: the same work either way
 
 
-@dataclass(frozen=True)
-class Caller:
-    user: str
-    admin: bool
-
-
 def create_app(scheduler: Scheduler, lifespan: Any = None) -> FastAPI:
     app = FastAPI(
         title="Klique",
@@ -82,18 +77,10 @@ def create_app(scheduler: Scheduler, lifespan: Any = None) -> FastAPI:
         status = 404 if isinstance(exc, NotFound) else 403 if isinstance(exc, NotPermitted) else 400
         return JSONResponse({"detail": str(exc)}, status_code=status)
 
-    def caller(authorization: Annotated[str | None, Header()] = None) -> Caller:
-        token = (authorization or "").removeprefix("Bearer ").strip()
-        found = scheduler.store.user_for_token(token) if token else None
-        if found is None:
-            raise HTTPException(
-                401,
-                "missing or unknown token; run `klique login --token TOKEN` "
-                "(the server prints where its admin token is)",
-            )
-        return Caller(*found)
-
+    identities = Identities(scheduler.store, lambda: scheduler.estate)
+    caller = make_caller(identities)
     Auth = Annotated[Caller, Depends(caller)]
+    app.include_router(identity_router(identities, caller, API))
 
     def own_task(task_id: int, who: Caller) -> Task:
         task = scheduler.store.get(task_id)
@@ -107,13 +94,14 @@ def create_app(scheduler: Scheduler, lifespan: Any = None) -> FastAPI:
 
     @app.get(f"{API}/whoami")
     def whoami(who: Auth) -> dict[str, Any]:
-        return {"user": who.user, "admin": who.admin, "team": scheduler.estate.team_of(who.user)}
-
-    @app.post(f"{API}/tokens", status_code=201)
-    def create_token(body: TokenRequest, who: Auth) -> dict[str, str]:
-        if not who.admin:
-            raise NotPermitted("only an admin token can make tokens")
-        return {"user": body.user, "token": scheduler.store.add_token(body.user, admin=body.admin)}
+        return {
+            "user": who.user,
+            "admin": who.admin,
+            "team": who.team,
+            "kind": who.kind,
+            "scopes": sorted(who.scopes),
+            "via": who.via,
+        }
 
     @app.post(f"{API}/tasks", status_code=201)
     def submit(body: SubmitRequest, who: Auth) -> TaskOut:
@@ -133,7 +121,7 @@ def create_app(scheduler: Scheduler, lifespan: Any = None) -> FastAPI:
                 "change, ignore large files in .gitignore, or ask the platform team to raise "
                 "limits.max_diff in the estate",
             )
-        team = estate.team_of(who.user)
+        team = who.team
         if not estate.permitted(team, resource):
             raise NotPermitted(
                 f"team {team or '(none)'} may not use compute resource {resource!r}; "
@@ -248,7 +236,7 @@ def create_app(scheduler: Scheduler, lifespan: Any = None) -> FastAPI:
     @app.get(f"{API}/resources")
     def resources(who: Auth) -> list[ResourceOut]:
         estate = scheduler.estate
-        team = estate.team_of(who.user)
+        team = who.team
         return [
             ResourceOut.of(r, permitted=estate.permitted(team, r.name))
             for r in estate.resources.values()
