@@ -21,7 +21,13 @@ from click.testing import CliRunner, Result
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from conftest_services import postgres_url, slurm_cluster, sshd, test_users  # noqa: E402, F401
+from conftest_services import (  # noqa: E402, F401
+    oidc_url,
+    postgres_url,
+    slurm_cluster,
+    sshd,
+    test_users,
+)
 
 from broker.cli import main  # noqa: E402
 

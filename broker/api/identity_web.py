@@ -22,12 +22,12 @@ from dataclasses import dataclass
 from typing import Annotated, Any
 
 from authlib.common.security import generate_token
-from broker.identity.authlib_httpx import OAuthError
 from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, RedirectResponse
 from pydantic import BaseModel
 
 from broker.api.auth import CSRF_COOKIE, CSRF_HEADER, SESSION_COOKIE
+from broker.identity.authlib_httpx import OAuthError
 from broker.identity.oidc import InvalidToken, Provider, ProviderUnreachable
 from broker.identity.resolve import Identities, Refused, session_fresh_until
 from broker.store.repository import token_digest

@@ -44,6 +44,8 @@ class OidcFile(_Strict):
     # How browsers reach this server (for the redirect URI and Secure cookies); default: the
     # URL a request came in on.
     public_url: str | None = Field(None, pattern=r"^https?://[^\s]+$")
+    # Clock skew allowed between this server and the provider when checking exp, nbf, iat.
+    clock_leeway: Annotated[int, BeforeValidator(_seconds), Field(ge=0, le=300)] = 30
 
 
 class LdapFile(_Strict):

@@ -4,7 +4,8 @@ verification of its tokens, and the code exchange and refresh (Authlib's OAuth 2
 
 Verification (joserfc): the signature against the provider's published keys, with an
 asymmetric algorithm only (never `none`, never an HMAC that a public key could forge), then
-the issuer, the audience, the expiry (and not-before, issued-at) with 30 s of clock leeway.
+the issuer, the audience, the expiry (and not-before, issued-at), with the estate's clock
+leeway (identity.oidc.clock_leeway, 30 s by default).
 """
 
 from __future__ import annotations
@@ -16,18 +17,20 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from broker.identity.authlib_httpx import OAuth2Client
 from joserfc import jws, jwt
 from joserfc.errors import JoseError
 from joserfc.jwk import KeySet
 
+from broker.identity.authlib_httpx import OAuth2Client
 from broker.identity.config import OidcFile
 
 ALGORITHMS = ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "EdDSA")
-LEEWAY_S = 30
 _DISCOVERY_TTL_S = 3600.0
 _KEYS_TTL_S = 3600.0
-_REFETCH_MIN_S = 1.0  # a stream of tokens naming unknown keys fetches the JWKS once a second
+# Tokens naming a key not seen yet fetch the keys again: a few at once (a rotation), then one
+# every 2 s at most, however many forged key ids arrive.
+_REFETCH_BURST = 5.0
+_REFETCH_EVERY_S = 2.0
 
 
 class InvalidToken(Exception):
@@ -48,6 +51,8 @@ class Provider:
         self._discovery_at = 0.0
         self._keys: KeySet | None = None
         self._keys_at = 0.0
+        self._refetches = _REFETCH_BURST
+        self._refetch_at = time.time()
 
     def close(self) -> None:
         self.http.close()
@@ -80,17 +85,26 @@ class Provider:
 
     def keys(self, wanted_kid: str | None = None) -> KeySet:
         """The provider's signing keys; fetched again when `wanted_kid` is not among them (a
-        rotated key), at most once a second."""
+        rotated key), within a budget."""
         uri = self.endpoint("jwks_uri")
         with self._lock:
             now = time.time()
             stale = self._keys is None or now - self._keys_at > _KEYS_TTL_S
             unknown = wanted_kid is not None and not _has_kid(self._keys, wanted_kid)
-            if stale or (unknown and now - self._keys_at >= _REFETCH_MIN_S):
+            if stale or (unknown and self._may_refetch(now)):
                 self._keys_at = now
                 self._keys = KeySet.import_key_set(self._get_json(uri))  # type: ignore[arg-type]
             assert self._keys is not None
             return self._keys
+
+    def _may_refetch(self, now: float) -> bool:
+        elapsed = now - self._refetch_at
+        self._refetches = min(_REFETCH_BURST, self._refetches + elapsed / _REFETCH_EVERY_S)
+        self._refetch_at = now
+        if self._refetches < 1:
+            return False
+        self._refetches -= 1
+        return True
 
     def _get_json(self, url: str) -> dict[str, Any]:
         try:
@@ -126,7 +140,7 @@ class Provider:
             raise InvalidToken(f"its signature does not verify ({exc.__class__.__name__})") from exc
         claims = dict(decoded.claims)
         registry = jwt.JWTClaimsRegistry(
-            leeway=LEEWAY_S,
+            leeway=self.settings.clock_leeway,
             iss={"essential": True, "value": self.settings.issuer},
             aud={"essential": True, "values": [audience or self.audience]},
             exp={"essential": True},

@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
-from broker.identity.authlib_httpx import OAuthError
 
 from broker.domain import Estate
+from broker.identity.authlib_httpx import OAuthError
 from broker.identity.config import IdentityFile, is_admin, team_for
 from broker.identity.oidc import InvalidToken, Provider, ProviderUnreachable
 from broker.names import NAME
