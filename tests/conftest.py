@@ -22,6 +22,7 @@ from click.testing import CliRunner, Result
 sys.path.insert(0, str(Path(__file__).parent))
 
 from conftest_services import (  # noqa: E402, F401
+    ldap_url,
     oidc_url,
     postgres_url,
     slurm_cluster,

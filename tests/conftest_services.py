@@ -87,3 +87,9 @@ def sshd(test_users: tuple[str, str]) -> SSHEndpoint:
 def oidc_url() -> str:
     """The OpenID Connect provider of scripts/oidc-up (tests/services/oidc_provider.py)."""
     return run_script("oidc-up")
+
+
+@pytest.fixture(scope="session")
+def ldap_url() -> str:
+    """The slapd of scripts/ldap-up (ldaps://127.0.0.1:6636; StartTLS on 3389)."""
+    return run_script("ldap-up")

@@ -202,3 +202,54 @@ def browser_login(
     assert done.status_code == 303, done.text
     assert urljoin(server_url, done.headers["location"]) == server_url + next_path
     return browser
+
+
+LDAP_DIR = Path(os.environ.get("KLIQUE_LDAP_DIR", "/tmp/klique-ldap"))
+SUFFIX = "dc=klique,dc=test"
+
+
+def ldap_estate(url: str, start_tls: bool = False) -> str:
+    return (
+        "identity:\n"
+        "  ldap:\n"
+        f"    url: {url}\n"
+        f"    start_tls: {'true' if start_tls else 'false'}\n"
+        f"    ca_file: {CA}\n"
+        f"    user_dn: 'uid={{user}},ou=people,{SUFFIX}'\n"
+        f"    group_base: 'ou=groups,{SUFFIX}'\n"
+        "  groups: {cv-lab: vision, nlp-lab: language}\n"
+    )
+
+
+class Directory:
+    """The site's directory, as its administrators change it."""
+
+    def __init__(self, url: str) -> None:
+        from ldap3 import Connection, Server, Tls
+
+        tls = Tls(ca_certs_file=str(CA), validate=ssl.CERT_REQUIRED)
+        password = (LDAP_DIR / "admin.pw").read_text()
+        self.connection = Connection(
+            Server(url, use_ssl=True, tls=tls), f"cn=admin,{SUFFIX}", password, auto_bind=True
+        )
+
+    def person(self, groups: list[str]) -> tuple[str, str]:
+        """A new person in these groups: (user name, password)."""
+        from ldap3.utils.hashed import HASHED_SALTED_SHA, hashed
+
+        user, password = f"p{secrets.token_hex(5)}", secrets.token_hex(8)
+        dn = f"uid={user},ou=people,{SUFFIX}"
+        attributes = {"cn": user, "sn": user, "uid": user}
+        attributes["userPassword"] = hashed(HASHED_SALTED_SHA, password)
+        assert self.connection.add(dn, ["inetOrgPerson"], attributes), self.connection.result
+        self.move(user, [], groups)
+        return user, password
+
+    def move(self, user: str, leave: list[str], join: list[str]) -> None:
+        from ldap3 import MODIFY_ADD, MODIFY_DELETE
+
+        dn = f"uid={user},ou=people,{SUFFIX}"
+        for group, change in [(g, MODIFY_DELETE) for g in leave] + [(g, MODIFY_ADD) for g in join]:
+            target = f"cn={group},ou=groups,{SUFFIX}"
+            done = self.connection.modify(target, {"member": [(change, [dn])]})
+            assert done, self.connection.result

@@ -3,7 +3,6 @@ login methods a server offers, LDAP logins, and the browser's single sign-on
 (`/auth/login`, `/auth/callback`, `/auth/logout`; see docs/identity.md for the cookie and CSRF
 contract)."""
 
-from __future__ import annotations
 
 import threading
 import time
@@ -55,7 +54,7 @@ class TokenOut(BaseModel):
     created_at: float
 
     @classmethod
-    def of(cls, info: TokenInfo) -> TokenOut:
+    def of(cls, info: TokenInfo) -> "TokenOut":
         return cls(
             id=info.id,
             user=info.user,
