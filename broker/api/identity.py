@@ -39,7 +39,7 @@ class TokenRequest(_Body):
     service: bool = False
     team: str | None = Field(None, pattern=NAME)
     scopes: list[Scope] = Field(["read", "submit"], min_length=1, max_length=2)
-    expires_in: int | None = Field(None, ge=60, le=10 * 366 * 86400, description="Seconds.")
+    expires_in: int | None = Field(None, ge=1, le=10 * 366 * 86400, description="Seconds.")
 
 
 class TokenOut(BaseModel):
