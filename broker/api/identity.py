@@ -3,7 +3,6 @@ login methods a server offers, LDAP logins, and the browser's single sign-on
 (`/auth/login`, `/auth/callback`, `/auth/logout`; see docs/identity.md for the cookie and CSRF
 contract)."""
 
-
 import threading
 import time
 from collections.abc import Callable

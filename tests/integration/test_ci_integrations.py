@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import ROOT, TASK_PY, shared_folder
+from conftest import ROOT, TASK_PY, TRUST_CHECKOUTS, shared_folder
 from fakes.forge_api import Forge, serve
 from identity_helpers import TEAMS_ESTATE
 
@@ -53,11 +53,7 @@ def repo(monkeypatch) -> Iterator[Path]:
     subprocess.run([*git, "add", "."], cwd=repo, check=True)
     subprocess.run([*git, "commit", "-qm", "train"], cwd=repo, check=True)
     subprocess.run(["chown", "-R", "alice:alice", str(repo)], check=True)
-    for key, value in {
-        "GIT_CONFIG_COUNT": "1",
-        "GIT_CONFIG_KEY_0": "safe.directory",
-        "GIT_CONFIG_VALUE_0": "*",
-    }.items():
+    for key, value in TRUST_CHECKOUTS.items():
         monkeypatch.setenv(key, value)
     yield repo
     subprocess.run(["rm", "-rf", str(folder)], check=False)

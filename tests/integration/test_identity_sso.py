@@ -36,6 +36,10 @@ def sso(server_factory, oidc_url, tmp_path):
     return make
 
 
+def whoami(server, token: str) -> httpx.Response:
+    return httpx.get(f"{server.url}/api/v1/whoami", headers={"Authorization": f"Bearer {token}"})
+
+
 def credentials(env: dict[str, str]) -> dict:
     path = Path(env["KLIQUE_HOME"]) / "credentials.json"
     return json.loads(path.read_text())[env["KLIQUE_API"]]
@@ -65,10 +69,7 @@ def test_expired_access_tokens_are_refused_and_renewed_silently(sso) -> None:
     first = credentials(env)
 
     def refused() -> httpx.Response | None:
-        answer = httpx.get(
-            f"{server.url}/api/v1/whoami",
-            headers={"Authorization": f"Bearer {first['access_token']}"},
-        )
+        answer = whoami(server, first["access_token"])
         return answer if answer.status_code == 401 else None
 
     answer = wait_for(refused, 30, "the first access token to expire")
@@ -118,10 +119,7 @@ def test_a_person_in_no_mapped_group_is_refused_with_the_reason(sso) -> None:
     server, realm, env = sso()
     password = realm.user("alice", ["marketing"])
     tokens = realm.device_tokens("alice", password)
-    answer = httpx.get(
-        f"{server.url}/api/v1/whoami",
-        headers={"Authorization": f"Bearer {tokens['access_token']}"},
-    )
+    answer = whoami(server, tokens["access_token"])
     assert answer.status_code == 403
     assert "in none of the groups that make a team" in answer.json()["detail"]
 
@@ -131,10 +129,7 @@ def test_a_token_from_another_issuer_is_refused(sso, oidc_url) -> None:
     other = make_realm(oidc_url)
     password = other.user("alice", ["cv-lab"])
     tokens = other.device_tokens("alice", password)
-    answer = httpx.get(
-        f"{server.url}/api/v1/whoami",
-        headers={"Authorization": f"Bearer {tokens['access_token']}"},
-    )
+    answer = whoami(server, tokens["access_token"])
     assert answer.status_code == 401
     assert "the provider does not publish" in answer.json()["detail"]
 
@@ -144,20 +139,15 @@ def test_rotated_keys_are_fetched_and_retired_ones_refused(sso) -> None:
     password = realm.user("alice", ["cv-lab"])
     old = realm.device_tokens("alice", password)["access_token"]
 
-    def whoami(token: str) -> httpx.Response:
-        return httpx.get(
-            f"{server.url}/api/v1/whoami", headers={"Authorization": f"Bearer {token}"}
-        )
-
-    assert whoami(old).status_code == 200
+    assert whoami(server, old).status_code == 200
     realm.rotate()  # a new signing key; the old one is still published
     new = realm.device_tokens("alice", password)["access_token"]
-    assert whoami(new).status_code == 200  # an unknown key id: the server fetched the keys
-    assert whoami(old).status_code == 200
+    assert whoami(server, new).status_code == 200  # an unknown key id: the server fetched the keys
+    assert whoami(server, old).status_code == 200
     realm.rotate(retire=True)
     newest = realm.device_tokens("alice", password)["access_token"]
-    assert whoami(newest).status_code == 200
-    refused = whoami(old)
+    assert whoami(server, newest).status_code == 200
+    refused = whoami(server, old)
     assert refused.status_code == 401 and "does not publish" in refused.json()["detail"]
 
 

@@ -4,32 +4,22 @@ over a database that already holds tokens."""
 from __future__ import annotations
 
 import time
-import uuid
 
 import pytest
 import sqlalchemy
 from alembic import command
+from test_store import _fresh_schema
 
 from broker.store.identity import IdentityStore
 from broker.store.migrate import config
 from broker.store.repository import Store, normalise_url, token_digest
 
 
-def _url(request, tmp_path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'k.db'}"
-    url = request.getfixturevalue("postgres_url")
-    schema = f"t_{uuid.uuid4().hex[:12]}"
-    engine = sqlalchemy.create_engine(normalise_url(url))
-    with engine.begin() as conn:
-        conn.exec_driver_sql(f"CREATE SCHEMA {schema}")
-    engine.dispose()
-    return f"{url}?options=-csearch_path%3D{schema}"
-
-
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def url(request, tmp_path) -> str:
-    return _url(request, tmp_path)
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'k.db'}"
+    return _fresh_schema(request.getfixturevalue("postgres_url"))
 
 
 def test_tokens_keep_kind_scopes_team_expiry_revocation_and_last_use(url) -> None:
