@@ -25,8 +25,9 @@ from broker.domain import (
     UserMap,
 )
 from broker.errors import EstateError
+from broker.identity.config import IdentityFile, identity_problems
 from broker.pools.registry import kinds
-from broker.pools.settings import PoolSettings
+from broker.pools.settings import PoolSettings, UserMapRuleFile
 from broker.units import Name, Seconds, SecondsOrZero, SizeMB, Strict
 
 
@@ -90,6 +91,7 @@ class EstateFile(Strict):
     policies: dict[Name, PolicyFile] = {}
     apps: AppsFile = AppsFile()
     routes: dict[Name, RouteFile] = {}
+    identity: IdentityFile | None = None
 
 
 _FIXES = {
@@ -180,7 +182,7 @@ def _pools(raw: dict[str, Any], lines: _LineMap) -> tuple[dict[str, PoolSettings
 
 
 def _describe(err: Any, lines: _LineMap) -> str:
-    path = tuple(str(p) for p in err["loc"])
+    path = _untagged(tuple(str(p) for p in err["loc"]))
     message = err["msg"].removeprefix("Value error, ")
     if err["type"] == "missing":
         message = "is required"
@@ -191,6 +193,15 @@ def _describe(err: Any, lines: _LineMap) -> str:
     if err["type"] in ("enum", "literal_error") and "expected" in err.get("ctx", {}):
         fix = f"use one of {err['ctx']['expected']}"
     return lines.error(path, f"{message}; fix: {fix}")
+
+
+def _untagged(path: tuple[str, ...]) -> tuple[str, ...]:
+    """Without the tag pydantic adds for the form of a user_map (a mapping, or a rule)."""
+    if "user_map" in path:
+        i = path.index("user_map") + 1
+        if path[i : i + 1] in (("rule",), ("map",)):
+            return path[:i] + path[i + 1 :]
+    return path
 
 
 def _cross_check(
@@ -259,6 +270,7 @@ def _cross_check(
     for at, team in quota_teams + route_teams:
         if model.teams and team not in model.teams:
             problems.append((at, f"team {team!r} is not declared; fix: add it under teams:"))
+    problems += [(path[:-1], path[-1]) for path in identity_problems(model.identity, model.teams)]
     if model.defaults.resource and model.defaults.resource not in model.resources:
         problems.append(
             (
@@ -294,7 +306,16 @@ def _pool_problems(pool: PoolSettings) -> list[tuple[tuple[str, ...], str]]:
                 "and create it with `install -d -m 1777 PATH`",
             )
         )
-    for user, account in pool.user_map.items():
+    if isinstance(pool.user_map, UserMapRuleFile) and not pool.query_account:
+        problems.append(
+            (
+                ("user_map",),
+                "a user_map rule names no account in advance; fix: add query_account: an "
+                "ordinary account that the pool's start-up checks and status queries run as",
+            )
+        )
+    explicit = pool.user_map if isinstance(pool.user_map, dict) else {}
+    for user, account in explicit.items():
         if account == "root" or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}", account):
             problems.append(
                 (
@@ -371,6 +392,7 @@ def _build(model: EstateFile, pools: dict[str, PoolSettings], source: str) -> Es
             for name, r in model.routes.items()
         },
         source=source,
+        identity=model.identity,
     )
 
 
@@ -384,13 +406,16 @@ def _beside(source: str, folder: str | None) -> str | None:
 def _build_pool(name: str, p: PoolSettings) -> Pool:
     """The domain's Pool: the fields placement reads, and the kind's own settings."""
     settings = p.model_dump(exclude={"kind", "user_map"})
-    accounts = dict(p.user_map)
-    default = accounts.pop("default", None)
+    if isinstance(p.user_map, UserMapRuleFile):
+        user_map = UserMap(rule=p.user_map.rule, deny=frozenset(p.user_map.deny))
+    else:
+        accounts = dict(p.user_map)
+        user_map = UserMap(accounts, accounts.pop("default", None))
     return Pool(
         name=name,
         kind=p.kind,
         queueing=kinds()[p.kind].queueing,
-        user_map=UserMap(accounts, default),
+        user_map=user_map,
         slots=settings.pop("slots", 1),
         gpus=settings.pop("gpus", 0),
         gpu_memory_mb=settings.pop("gpu_memory", 0),

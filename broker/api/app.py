@@ -11,8 +11,9 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
 from broker.api.agents import agent_router
-from broker.api.auth import Auth, Caller, bearer, owned_task, report_token_valid
+from broker.api.auth import Auth, Caller, bearer, caller, owned_task, report_token_valid
 from broker.api.create import new_task
+from broker.api.identity import identity_router
 from broker.api.limits import BodyLimit
 from broker.api.schemas import (
     LogChunk,
@@ -23,7 +24,6 @@ from broker.api.schemas import (
     SimulationOut,
     SubmitRequest,
     TaskOut,
-    TokenRequest,
     UsageLineOut,
     UsageOut,
     WhyOut,
@@ -31,6 +31,7 @@ from broker.api.schemas import (
 from broker.domain import CodeSpec, Task, TaskSpec, TaskState
 from broker.errors import KliqueError, NotFound, NotPermitted
 from broker.estate import parse_estate
+from broker.identity.resolve import Identities
 from broker.scheduler.fairshare import UsageRow, decayed_usage
 from broker.scheduler.loop import HOLDING, Scheduler, _active
 from broker.simulate import Trace, queued_of, simulate
@@ -76,6 +77,10 @@ def create_app(scheduler: Scheduler, lifespan: Any = None) -> FastAPI:
         status = 404 if isinstance(exc, NotFound) else 403 if isinstance(exc, NotPermitted) else 400
         return JSONResponse({"detail": str(exc)}, status_code=status)
 
+    identities = Identities(scheduler.store, lambda: scheduler.estate)
+    app.state.identities = identities
+    app.include_router(identity_router(identities, caller, API))
+
     def admin(who: Auth) -> Caller:
         if not who.admin:
             raise NotPermitted("only an admin token can do this; ask the platform team")
@@ -94,13 +99,14 @@ def create_app(scheduler: Scheduler, lifespan: Any = None) -> FastAPI:
 
     @app.get(f"{API}/whoami")
     def whoami(who: Auth) -> dict[str, Any]:
-        return {"user": who.user, "admin": who.admin, "team": scheduler.estate.team_of(who.user)}
-
-    @app.post(f"{API}/tokens", status_code=201)
-    def create_token(body: TokenRequest, who: Auth) -> dict[str, str]:
-        if not who.admin:
-            raise NotPermitted("only an admin token can make tokens")
-        return {"user": body.user, "token": scheduler.store.add_token(body.user, admin=body.admin)}
+        return {
+            "user": who.user,
+            "admin": who.admin,
+            "team": who.team,
+            "kind": who.kind,
+            "scopes": sorted(who.scopes),
+            "via": who.via,
+        }
 
     @app.post(f"{API}/tasks", status_code=201)
     def submit(body: SubmitRequest, who: Auth) -> TaskOut:
@@ -187,7 +193,7 @@ def create_app(scheduler: Scheduler, lifespan: Any = None) -> FastAPI:
     @app.get(f"{API}/resources")
     def resources(who: Auth) -> list[ResourceOut]:
         estate = scheduler.estate
-        team = estate.team_of(who.user)
+        team = who.team
         return [
             ResourceOut.of(r, permitted=estate.permitted(team, r.name))
             for r in estate.resources.values()

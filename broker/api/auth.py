@@ -1,66 +1,78 @@
-"""Who is calling: the Klique token as a bearer header, checked against the store's digests."""
+"""The one authentication dependency every route uses: a Klique token or a single sign-on
+access token (`Authorization: Bearer ...`), or a browser session cookie (with its CSRF header
+for requests that change something). Read-only tokens may only read. Also the checks every
+path shares: report tokens, and whose task a task is."""
 
 from __future__ import annotations
 
 import hmac
-from dataclasses import dataclass
 from typing import Annotated
 
 from fastapi import Depends, Header, HTTPException, Request
 
 from broker.domain import Task
 from broker.errors import NotFound
+from broker.identity.resolve import Caller, Identities, Refused
 from broker.store.repository import Store, token_digest
 
+__all__ = ["Auth", "Caller", "caller", "caller_of", "owned_task", "report_token_valid"]
+
+SESSION_COOKIE = "klique_session"
+CSRF_COOKIE = "klique_csrf"
+CSRF_HEADER = "X-Klique-CSRF"
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 _NO_TASK = token_digest("")  # compared against when the id is unknown: the same work either way
-UNKNOWN_CALLER = (
-    "missing or unknown token; run `klique login --token TOKEN` "
-    "(the server prints where its admin token is)"
-)
-
-
-@dataclass(frozen=True)
-class Caller:
-    user: str
-    admin: bool
 
 
 def bearer(authorization: str | None) -> str:
     return (authorization or "").removeprefix("Bearer ").strip()
 
 
-def caller_of(store: Store, token: str) -> Caller | None:
-    found = store.user_for_token(token) if token else None
-    return Caller(*found) if found else None
+def identities_of(request: Request) -> Identities:
+    identities: Identities = request.app.state.identities
+    return identities
 
 
 def caller(request: Request, authorization: Annotated[str | None, Header()] = None) -> Caller:
-    """The API's authentication dependency: 401 with the fix when the token is not known."""
-    store = request.app.state.scheduler.store
-    token = bearer(authorization)
-    found = caller_of(store, token)
-    if found is None and not token:
-        found = web_caller(store, request)  # the web UI's session cookie
-    if found is None:
-        raise HTTPException(401, UNKNOWN_CALLER)
-    return found
+    """The API's authentication dependency: 401 or 403 with the reason and the fix."""
+    try:
+        who = _resolve(identities_of(request), request, authorization)
+    except Refused as exc:
+        raise HTTPException(exc.status, str(exc)) from None
+    needed = "read" if request.method in SAFE_METHODS else "submit"
+    if needed not in who.scopes:
+        raise HTTPException(
+            403,
+            f"this token may only {' and '.join(sorted(who.scopes))}; this request needs "
+            f"the {needed!r} scope (ask for a token with --scope {needed})",
+        )
+    return who
 
 
 Auth = Annotated[Caller, Depends(caller)]
 
 
-def web_caller(store: Store, request: Request) -> Caller | None:
-    """The user of a signed-in browser; a state-changing request must carry its CSRF token."""
-    from broker.web import session as web_session
+def _resolve(identities: Identities, request: Request, authorization: str | None) -> Caller:
+    token = bearer(authorization)
+    if token:
+        return caller_of(identities, token)
+    cookie = request.cookies.get(SESSION_COOKIE)
+    if cookie:
+        unsafe = request.method not in SAFE_METHODS
+        return identities.from_session(cookie, unsafe, request.headers.get(CSRF_HEADER))
+    raise Refused(
+        401,
+        "missing or unknown token; run `klique login --token TOKEN` (the server prints where "
+        "its admin token is), or `klique login --sso` where single sign-on is set up",
+    )
 
-    session = web_session.current(store, request)
-    if session is None:
-        return None
-    if request.method not in web_session.SAFE_METHODS and not web_session.csrf_ok(
-        session, request.headers.get(web_session.CSRF_HEADER)
-    ):
-        raise HTTPException(403, "missing or wrong X-CSRF-Token header; reload the page")
-    return Caller(session.user, session.admin)
+
+def caller_of(identities: Identities, token: str) -> Caller:
+    """Who a bearer token is: a Klique token, or a single sign-on access token (a JWT)."""
+    # Klique's tokens are URL-safe base64 without dots; a JWT has two.
+    if token.count(".") == 2:
+        return identities.from_access_token(token)
+    return identities.from_token(token)
 
 
 def report_token_valid(store: Store, task_id: int, token: str) -> bool:

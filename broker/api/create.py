@@ -29,7 +29,7 @@ def check_task(scheduler: Scheduler, who: Caller, spec: TaskSpec) -> str | None:
             "change, ignore large files in .gitignore, or ask the platform team to raise "
             "limits.max_diff in the estate",
         )
-    team = estate.team_of(who.user)
+    team = who.team  # from the token, or the person's groups (broker/identity/resolve.py)
     if not estate.permitted(team, spec.resource):
         raise NotPermitted(
             f"team {team or '(none)'} may not use compute resource {spec.resource!r}; "

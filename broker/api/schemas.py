@@ -40,11 +40,6 @@ class SubmitRequest(_Body):
     image: str | None = Field(None, pattern=IMAGE)
 
 
-class TokenRequest(_Body):
-    user: str = Field(pattern=NAME)
-    admin: bool = False
-
-
 class TaskOut(BaseModel):
     id: int
     name: str

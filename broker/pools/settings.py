@@ -5,13 +5,32 @@ kind (`partition` on a PBS pool) is an error with its file and line."""
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Discriminator, Field, Tag, model_validator
 
 from broker.units import Seconds, Strict
 
 Runtime = Literal["charliecloud", "apptainer", "singularity", "enroot", "pyxis"]
+
+
+class UserMapRuleFile(Strict):
+    """`user_map: {rule: same-name, deny: [...]}`: a user maps to the account of the same name."""
+
+    rule: Literal["same-name"]
+    deny: list[str] = []
+
+
+def _user_map_form(value: Any) -> str:
+    if isinstance(value, UserMapRuleFile) or (isinstance(value, dict) and "rule" in value):
+        return "rule"
+    return "map"
+
+
+UserMapField = Annotated[
+    Annotated[UserMapRuleFile, Tag("rule")] | Annotated[dict[str, str], Tag("map")],
+    Discriminator(_user_map_form),
+]
 
 
 class PoolSettings(Strict):
@@ -19,7 +38,10 @@ class PoolSettings(Strict):
 
     kind: str
     description: str = ""
-    user_map: dict[str, str] = {}  # Klique user -> Linux account; `default` for the others
+    # Klique user -> Linux account (`default` for the others), or a same-name rule.
+    user_map: UserMapField = {}
+    # The ordinary account that start-up checks and status queries run as (unset: a mapped one).
+    query_account: str | None = None
     # Which agent serves the pool: one inside the server, or `klique agent` on the pool's login
     # node (remote: the server only places its tasks and keeps its ledger).
     agent: Literal["server", "remote"] = "server"
@@ -65,7 +87,6 @@ class BatchSettings(PoolSettings):
     skip_directives: list[str] = []
     poll_interval: Seconds = 10
     lost_after: Seconds = 120
-    query_account: str | None = None
     status_per_account: bool | None = None  # unset: one query, per account if others are hidden
     requeue_preempted: bool = False
     submit_concurrency: int = Field(8, ge=1, le=64)  # submissions in flight at once

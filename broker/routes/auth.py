@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from broker.api.auth import Caller, caller_of
-from broker.store.repository import Store
+from broker.identity.resolve import Identities, Refused
 
 COOKIE = "klique_route"
 
@@ -29,17 +29,24 @@ class RouteInfo:
 
 
 def route_caller(
-    store: Store, headers: Mapping[str, str], cookies: Mapping[str, str]
+    identities: Identities, headers: Mapping[str, str], cookies: Mapping[str, str]
 ) -> tuple[Caller | None, str]:
     """The caller and how they proved it ("bearer", "cookie"; "" when they did not). Another
     scheme in Authorization is the app's own business (JupyterLab sends `token ...`)."""
     authorization = headers.get("authorization") or ""
     if authorization[:7].lower() == "bearer ":
-        return caller_of(store, authorization[7:].strip()), "bearer"
+        return _known(identities, authorization[7:].strip()), "bearer"
     cookie = cookies.get(COOKIE, "")
     if cookie:
-        return caller_of(store, cookie), "cookie"
+        return _known(identities, cookie), "cookie"
     return None, ""
+
+
+def _known(identities: Identities, token: str) -> Caller | None:
+    try:
+        return caller_of(identities, token) if token else None
+    except Refused:
+        return None
 
 
 def may_open(caller: Caller, team: str | None, route: RouteInfo) -> bool:

@@ -1,18 +1,18 @@
-"""The web UI's part of the store: browser sessions, and the task list's pages, filters, search
-and changes. The only SQL the UI needs; it goes through the Store's own transactions."""
+"""The web UI's part of the store: the task list's pages, filters, search and changes. The
+only SQL the UI needs; it goes through the Store's own transactions (browser sessions are
+broker/store/identity.py's)."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Select, delete, func, select
+from sqlalchemy import Select, func, select
 
 from broker.domain import Task, TaskState
 from broker.store.repository import Store, _task
-from broker.store.tables import ScalarRow, TaskRow, WebSessionRow
+from broker.store.tables import ScalarRow, TaskRow
 
 # A search looks through at most this many of the newest tasks (under the other filters) per
 # page, so that a rare word costs the same as a common one; the page says where it stopped.
@@ -145,34 +145,6 @@ def scalars_after(store: Store, task_ids: Iterable[int], after: int = 0) -> list
             {"id": s.id, "task": s.task_id, "name": s.name, "step": s.step, "value": s.value}
             for s in session.scalars(query)
         ]
-
-
-# Browser sessions
-
-
-def add_session(store: Store, digest: str, user: str, admin: bool, lifetime_s: float) -> None:
-    now = time.time()
-    with store._tx() as session:
-        session.execute(delete(WebSessionRow).where(WebSessionRow.expires_at < now))
-        session.add(
-            WebSessionRow(
-                digest=digest, user=user, admin=admin, created_at=now, expires_at=now + lifetime_s
-            )
-        )
-
-
-def session_user(store: Store, digest: str) -> tuple[str, bool] | None:
-    """The user and admin flag of a live session; None for an unknown or expired one."""
-    with store._sessions() as session:
-        row = session.get(WebSessionRow, digest)
-        if row is None or row.expires_at < time.time():
-            return None
-        return row.user, row.admin
-
-
-def drop_session(store: Store, digest: str) -> None:
-    with store._tx() as session:
-        session.execute(delete(WebSessionRow).where(WebSessionRow.digest == digest))
 
 
 def tally(

@@ -7,10 +7,12 @@ The shapes the pages expect when a feature is present:
   `size` in bytes when known), downloaded from `GET /api/v1/tasks/{task_id}/artifacts/{name}`;
 - clone: `POST /api/v1/tasks/{task_id}/clone` takes `{"parameters": {...}}` and answers the
   new task;
-- apps: `GET /api/v1/apps` answers the catalogue, a list of objects with `name`, `description`
-  and `schema` (a JSON Schema of the launch form); `GET /api/v1/apps/running` the running apps
-  (`id`, `name`, `state`, `url`, `reason`); `POST /api/v1/apps/{name}/launch` launches with the
-  form's values and `POST /api/v1/apps/running/{id}/stop` stops one.
+- apps (broker/api/apps.py): `GET /api/v1/apps` answers the catalogue (`name`, `kind`,
+  `description`, `resources`, `form`: a JSON Schema of the launch parameters, `locked`,
+  `lock_reason`); `GET /api/v1/apps/instances` the caller's running apps (`id`, `app`, `state`,
+  `reason`, `path`: its route on this server, `ready`); `POST /api/v1/apps/{name}/launch`
+  launches with `{"resource", "params"}` and `POST /api/v1/apps/instances/{task_id}/stop`
+  stops one.
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fastapi import FastAPI
-from fastapi.routing import APIRoute
 
 from broker.api.app import API
 from broker.api.schemas import TaskOut
@@ -26,9 +27,9 @@ from broker.api.schemas import TaskOut
 ARTIFACT = f"{API}/tasks/{{task_id}}/artifacts/{{name}}"
 CLONE = f"{API}/tasks/{{task_id}}/clone"
 APPS = f"{API}/apps"
-APPS_RUNNING = f"{API}/apps/running"
+APPS_RUNNING = f"{API}/apps/instances"
 APP_LAUNCH = f"{API}/apps/{{name}}/launch"
-APP_STOP = f"{API}/apps/running/{{app_id}}/stop"
+APP_STOP = f"{API}/apps/instances/{{task_id}}/stop"
 
 
 @dataclass(frozen=True)
@@ -41,11 +42,12 @@ class Features:
 
 
 def _routes(app: FastAPI) -> set[tuple[str, str]]:
+    """(METHOD, path) of every API operation, as the app's own OpenAPI document lists them
+    (included routers too, however the framework keeps them)."""
     return {
-        (method, route.path)
-        for route in app.routes
-        if isinstance(route, APIRoute)
-        for method in route.methods or ()
+        (method.upper(), path)
+        for path, operations in app.openapi().get("paths", {}).items()
+        for method in operations
     }
 
 

@@ -273,7 +273,7 @@ def add_routes(router: APIRouter, web: Web) -> None:
         catalogue = await _api_list(web, request, who, APPS)
         running = await _api_list(web, request, who, APPS_RUNNING)
         entries = [
-            {**entry, "fields": forms.fields(entry.get("schema") or {})}
+            {**entry, "fields": forms.fields(entry.get("form") or {})}
             for entry in catalogue
             if isinstance(entry, dict) and "name" in entry
         ]
@@ -293,17 +293,19 @@ def add_routes(router: APIRouter, web: Web) -> None:
         entry = next((e for e in catalogue if isinstance(e, dict) and e.get("name") == name), None)
         if entry is None:
             return web.error(request, who, 404, f"no app {name!r} in the catalogue")
-        values = forms.values(entry.get("schema") or {}, form)
+        body: dict[str, Any] = {"params": forms.values(entry.get("form") or {}, form)}
+        if form.get("resource"):
+            body["resource"] = str(form.get("resource"))
         answer = await web.call_api(
-            request, who, "POST", APP_LAUNCH.format(name=quote(name, safe="")), values
+            request, who, "POST", APP_LAUNCH.format(name=quote(name, safe="")), body
         )
         return _after_app_call(answer)
 
-    @router.post("/apps/running/{app_id}/stop")
-    async def app_stop(request: Request, app_id: str) -> Response:
+    @router.post("/apps/instances/{task_id}/stop")
+    async def app_stop(request: Request, task_id: str) -> Response:
         who, _ = await web.posted(request)
         answer = await web.call_api(
-            request, who, "POST", APP_STOP.format(app_id=quote(app_id, safe="")), {}
+            request, who, "POST", APP_STOP.format(task_id=quote(task_id, safe="")), {}
         )
         return _after_app_call(answer)
 

@@ -1,110 +1,93 @@
-"""Signed-in browsers: the session cookie, its server-side record, and CSRF tokens.
+"""Signed-in browsers, for the web UI: the identity feature's browser sessions (one session
+model and one CSRF contract for the whole server; docs/identity.md) and the sign-in form.
 
-The cookie holds a random session id (256 bits); the store keeps only its SHA-256, with the
-user, the admin flag and an expiry. A login always makes a new id (no session fixation) and a
-logout deletes the record. Cookies are HttpOnly and SameSite=Lax (Secure over HTTPS).
+A session is made by the server, new at every sign-in (no session fixation): by single sign-on
+(`/auth/login`, broker/api/identity_web.py), or here from a Klique token typed into the sign-in
+form or made by an LDAP password. A session signed in with a token stands for that token: its
+revocation or expiry ends the session. The cookies are `klique_session` (HttpOnly, SameSite=Lax)
+and `klique_csrf` (the CSRF token); every state-changing request made with the session must
+send the CSRF token back: the `X-Klique-CSRF` header (the API, htmx), or the `csrf` form field
+of the UI's plain forms, which the server fills in from the same cookie.
 
-Every state-changing request made with the cookie must carry the session's CSRF token, in the
-form field `csrf` or the header `X-CSRF-Token`. The token is an HMAC of the session id, so it
-is never stored and cannot be made without the cookie. The login form, before any session
-exists, is protected by a double-submit token (a cookie and a hidden field that must agree).
-
-`start_session` is the one way in: the token login calls it, and single sign-on will call it
-for an identity it has verified.
+The sign-in form, before any session exists, is protected by a double-submit token (a cookie
+and a hidden field that must agree).
 """
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import secrets
+import time
 from dataclasses import dataclass
 
 from fastapi import Request, Response
 
-from broker.store import web as web_store
-from broker.store.repository import Store, token_digest
+from broker.api.auth import CSRF_COOKIE, CSRF_HEADER, SESSION_COOKIE
+from broker.api.identity_web import set_session_cookies
+from broker.identity.resolve import Caller, Identities, Refused
+from broker.store.repository import token_digest
 
-COOKIE = "klique_session"
-LOGIN_COOKIE = "klique_login"
+__all__ = ["CSRF_FIELD", "CSRF_HEADER", "SESSION_COOKIE", "SignedIn", "current", "sign_in"]
+
 CSRF_FIELD = "csrf"
-CSRF_HEADER = "X-CSRF-Token"
-LIFETIME_S = 12 * 3600
-SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+SIGNIN_COOKIE = "klique_signin"
+LIFETIME_S = 12 * 3600  # without an identity section in the estate
 
 
 @dataclass(frozen=True)
-class WebSession:
-    user: str
-    admin: bool
+class SignedIn:
+    caller: Caller
     csrf: str  # what every state-changing request of this session must send back
 
 
-def _csrf_of(session_id: str) -> str:
-    return hmac.new(session_id.encode(), b"klique-csrf", hashlib.sha256).hexdigest()
-
-
-def start_session(store: Store, user: str, admin: bool) -> str:
-    """A new session for a verified identity; returns the cookie's value (set it with
-    `set_cookie`). The token login and single sign-on both come through here."""
-    session_id = secrets.token_urlsafe(32)
-    web_store.add_session(store, token_digest(session_id), user, admin, LIFETIME_S)
-    return session_id
-
-
-def login_with_token(store: Store, token: str) -> str | None:
-    """A session for a valid Klique token's user; None for an unknown token."""
-    found = store.user_for_token(token.strip()) if token.strip() else None
-    if found is None:
+def current(identities: Identities, request: Request) -> SignedIn | None:
+    """The browser's live session and its CSRF token (checked against the session's record)."""
+    cookie = request.cookies.get(SESSION_COOKIE)
+    csrf = request.cookies.get(CSRF_COOKIE)
+    if not cookie or not csrf or len(cookie) > 200:
         return None
-    user, admin = found
-    return start_session(store, user, admin)
-
-
-def current(store: Store, request: Request) -> WebSession | None:
-    session_id = request.cookies.get(COOKIE)
-    if not session_id or len(session_id) > 200:
+    try:
+        who = identities.from_session(cookie, True, csrf)
+    except Refused:
         return None
-    found = web_store.session_user(store, token_digest(session_id))
-    if found is None:
-        return None
-    return WebSession(found[0], found[1], _csrf_of(session_id))
+    return SignedIn(who, csrf)
 
 
-def end_session(store: Store, request: Request, response: Response) -> None:
-    session_id = request.cookies.get(COOKIE)
-    if session_id:
-        web_store.drop_session(store, token_digest(session_id))
-    response.delete_cookie(COOKIE, path="/", httponly=True, samesite="lax")
-
-
-def set_cookie(request: Request, response: Response, session_id: str) -> None:
-    response.set_cookie(
-        COOKIE,
-        session_id,
-        max_age=LIFETIME_S,
-        path="/",
-        httponly=True,
-        samesite="lax",
-        secure=request.url.scheme == "https",
+def sign_in(identities: Identities, request: Request, response: Response, token: str) -> Caller:
+    """A new session for a Klique token in force, its cookies set on `response`; the browser's
+    previous session ends. Raises Refused for a token that is unknown, revoked or expired."""
+    who = identities.from_token(token)
+    info = identities.store.token(token)
+    assert info is not None  # from_token found it
+    identity = identities.identity
+    ends = time.time() + (identity.session_lifetime if identity else LIFETIME_S)
+    if info.expires_at is not None:
+        ends = min(ends, info.expires_at)
+    old = request.cookies.get(SESSION_COOKIE)
+    if old:
+        identities.store.end_session(token_digest(old))
+    cookie, csrf = identities.store.add_session(
+        who.user, info.groups, "", ends, ends, token_id=info.id
     )
+    set_session_cookies(response, cookie, csrf, secure=request.url.scheme == "https")
+    return who
 
 
-def csrf_ok(session: WebSession, given: str | None) -> bool:
-    return bool(given) and hmac.compare_digest(session.csrf, str(given))
+def csrf_ok(signed: SignedIn, given: str | None) -> bool:
+    return bool(given) and hmac.compare_digest(signed.csrf, str(given))
 
 
-# The login form, before a session exists: a double-submit token.
+# The sign-in form, before a session exists: a double-submit token.
 
 
-def login_token(request: Request) -> str:
-    """The login form's token: the one its cookie already holds, or a new one."""
-    return request.cookies.get(LOGIN_COOKIE) or secrets.token_urlsafe(24)
+def signin_token(request: Request) -> str:
+    """The sign-in form's token: the one its cookie already holds, or a new one."""
+    return request.cookies.get(SIGNIN_COOKIE) or secrets.token_urlsafe(24)
 
 
-def set_login_cookie(request: Request, response: Response, value: str) -> None:
+def set_signin_cookie(request: Request, response: Response, value: str) -> None:
     response.set_cookie(
-        LOGIN_COOKIE,
+        SIGNIN_COOKIE,
         value,
         max_age=3600,
         path="/",
@@ -114,6 +97,6 @@ def set_login_cookie(request: Request, response: Response, value: str) -> None:
     )
 
 
-def login_token_ok(request: Request, given: str | None) -> bool:
-    expected = request.cookies.get(LOGIN_COOKIE)
+def signin_token_ok(request: Request, given: str | None) -> bool:
+    expected = request.cookies.get(SIGNIN_COOKIE)
     return bool(expected and given) and hmac.compare_digest(str(expected), str(given))

@@ -7,6 +7,7 @@ Every page acts as the signed-in user through the API's own functions and permis
 
 from __future__ import annotations
 
+import hmac
 import mimetypes
 from dataclasses import dataclass
 from importlib import resources
@@ -18,8 +19,12 @@ from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from starlette.datastructures import FormData
 
-from broker.api.auth import Caller
+from broker.api.app import API
+from broker.api.auth import identities_of
+from broker.api.identity_web import clear_session_cookies
+from broker.identity.resolve import USER_SCOPES, Caller, Identities, Refused
 from broker.scheduler.loop import Scheduler
+from broker.store.repository import token_digest
 from broker.web import session as web_session
 from broker.web.features import Features, detect
 from broker.web.render import HEADERS, page
@@ -32,10 +37,12 @@ class Viewer:
     user: str
     admin: bool
     csrf: str
+    team: str | None = None
+    scopes: frozenset[str] = USER_SCOPES
 
     @property
     def caller(self) -> Caller:
-        return Caller(self.user, self.admin)
+        return Caller(self.user, self.admin, self.team, scopes=self.scopes, via="session")
 
 
 class Web:
@@ -45,25 +52,32 @@ class Web:
         self.scheduler = scheduler
         self.store = scheduler.store
 
+    def identities(self, request: Request) -> Identities:
+        return identities_of(request)
+
     def viewer(self, request: Request) -> Viewer:
         """The signed-in user; otherwise a redirect to sign in (401 for live updates)."""
-        found = web_session.current(self.store, request)
+        found = web_session.current(self.identities(request), request)
         if found is not None:
-            return Viewer(found.user, found.admin, found.csrf)
+            who = found.caller
+            return Viewer(who.user, who.admin, found.csrf, who.team, who.scopes)
         wants_page = request.method == "GET" and "text/html" in request.headers.get("accept", "")
         if not wants_page:
             raise HTTPException(401, "not signed in; sign in at /login")
         target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
         raise HTTPException(303, headers={"Location": f"/login?next={quote(target, safe='')}"})
 
-    async def posted(self, request: Request) -> tuple[Viewer, FormData]:
+    async def posted(self, request: Request, acts: bool = True) -> tuple[Viewer, FormData]:
         """The viewer and the form of a state-changing request, after its CSRF check."""
         who = self.viewer(request)
         form = await request.form()
         given = form.get(web_session.CSRF_FIELD) or request.headers.get(web_session.CSRF_HEADER)
-        session = web_session.WebSession(who.user, who.admin, who.csrf)
-        if not web_session.csrf_ok(session, given if isinstance(given, str) else None):
+        if not (isinstance(given, str) and hmac.compare_digest(who.csrf, given)):
             raise HTTPException(403, "missing or wrong CSRF token; reload the page and try again")
+        if acts and "submit" not in who.scopes:
+            raise HTTPException(
+                403, "this session's token may only read; sign in with a token that may submit"
+            )
         return who, form
 
     async def call_api(
@@ -74,7 +88,10 @@ class Web:
         async with httpx.AsyncClient(
             transport=httpx.ASGITransport(app=request.app),
             base_url="http://klique.local",
-            cookies={web_session.COOKIE: request.cookies.get(web_session.COOKIE, "")},
+            cookies={
+                web_session.SESSION_COOKIE: request.cookies.get(web_session.SESSION_COOKIE, ""),
+                web_session.CSRF_COOKIE: who.csrf,
+            },
             headers={web_session.CSRF_HEADER: who.csrf},
         ) as client:
             return await client.request(method, path, json=body)
@@ -139,45 +156,74 @@ def web_router(scheduler: Scheduler) -> APIRouter:
         headers = {"Cache-Control": "public, max-age=3600", "X-Content-Type-Options": "nosniff"}
         return Response(body, media_type=kind, headers=headers)
 
+    def login_page(request: Request, status: int, target: str, error: str) -> HTMLResponse:
+        identity = identities_of(request).identity
+        token = web_session.signin_token(request)
+        response = page(
+            "login.html",
+            status,
+            next=target,
+            login_token=token,
+            error=error,
+            sso=bool(identity and identity.oidc),
+            ldap=bool(identity and identity.ldap),
+        )
+        web_session.set_signin_cookie(request, response, token)
+        return response
+
     @router.get("/login")
     def login_form(request: Request, next: str | None = None) -> HTMLResponse:
-        token = web_session.login_token(request)
-        response = page("login.html", next=safe_next(next), login_token=token, error="")
-        web_session.set_login_cookie(request, response, token)
-        return response
+        return login_page(request, 200, safe_next(next), "")
 
     @router.post("/login")
     async def login(request: Request) -> Response:
         form = await request.form()
         target = safe_next(str(form.get("next") or "/"))
         given = form.get("login_token")
-        if not web_session.login_token_ok(request, given if isinstance(given, str) else None):
+        if not web_session.signin_token_ok(request, given if isinstance(given, str) else None):
             raise HTTPException(403, "missing or wrong login form token; reload the sign-in page")
-        session_id = web_session.login_with_token(web.store, str(form.get("token") or ""))
-        if session_id is None:
-            token = web_session.login_token(request)
-            response: Response = page(
-                "login.html",
-                401,
-                next=target,
-                login_token=token,
-                error="That token is not valid here. Run `klique login` or ask an admin "
-                "for a token (`klique token create USER`).",
-            )
-            return response
-        response = RedirectResponse(target, status_code=303, headers=HEADERS)
-        web_session.set_cookie(request, response, session_id)
-        response.delete_cookie(web_session.LOGIN_COOKIE, path="/")
+        token, error = str(form.get("token") or "").strip(), NOT_VALID_HERE
+        if form.get("ldap_user"):
+            token, error = await _ldap_token(request, form)
+        response: Response = RedirectResponse(target, status_code=303, headers=HEADERS)
+        try:
+            web_session.sign_in(identities_of(request), request, response, token)
+        except Refused as exc:
+            return login_page(request, 401, target, error or str(exc))
+        response.delete_cookie(web_session.SIGNIN_COOKIE, path="/")
         return response
 
     @router.post("/logout")
     async def logout(request: Request) -> Response:
-        await web.posted(request)
+        await web.posted(request, acts=False)  # a read-only session may sign out too
         response = RedirectResponse("/login", status_code=303, headers=HEADERS)
-        web_session.end_session(web.store, request, response)
+        identities_of(request).store.end_session(
+            token_digest(request.cookies.get(web_session.SESSION_COOKIE, ""))
+        )
+        clear_session_cookies(response)
         return response
 
     pages_tasks.add_routes(router, web)
     pages_estate.add_routes(router, web)
     live.add_routes(router, web)
     return router
+
+
+NOT_VALID_HERE = (
+    "That token is not valid here. Run `klique login` or ask an admin "
+    "for a token (`klique token create USER`)."
+)
+
+
+async def _ldap_token(request: Request, form: FormData) -> tuple[str, str]:
+    """A Klique token for an LDAP password, from the API's own LDAP login (its checks, its
+    slowing of failures); ("", the API's refusal) when it says no."""
+    body = {"user": str(form.get("ldap_user") or ""), "password": str(form.get("password") or "")}
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=request.app), base_url="http://klique.local"
+    ) as client:
+        answer = await client.post(f"{API}/auth/ldap", json=body)
+    if answer.status_code != 201:
+        detail = answer.json().get("detail") if answer.content else None
+        return "", str(detail) if isinstance(detail, str) else "The directory refused the login."
+    return str(answer.json()["token"]), ""

@@ -1,5 +1,5 @@
 """The task list's queries on a real SQLite store: keyset pages, filters, a bounded search
-that says where it stopped, changes since a time, and browser sessions kept as digests."""
+that says where it stopped, changes since a time; and a browser session signed in with a token."""
 
 from __future__ import annotations
 
@@ -8,8 +8,10 @@ import time
 import pytest
 
 from broker.domain import TaskSpec, TaskState
+from broker.estate import builtin_estate
+from broker.identity.resolve import Identities, Refused
 from broker.store import web
-from broker.store.repository import Store, token_digest
+from broker.store.repository import Store
 from broker.store.web import TaskFilter, task_page
 
 
@@ -77,11 +79,17 @@ def test_changes_since_a_time_are_the_tasks_written_after_it(store) -> None:
     assert [t.id for t, _ in web.changed_since(store, mark, "alice")] == [ids[1]]
 
 
-def test_a_session_is_kept_as_its_digest_and_expires(store) -> None:
-    web.add_session(store, token_digest("sid"), "alice", False, 60)
-    assert web.session_user(store, token_digest("sid")) == ("alice", False)
-    assert web.session_user(store, "sid") is None
-    web.add_session(store, token_digest("old"), "bob", True, -1)
-    assert web.session_user(store, token_digest("old")) is None
-    web.drop_session(store, token_digest("sid"))
-    assert web.session_user(store, token_digest("sid")) is None
+def test_a_session_signed_in_with_a_token_is_that_token_while_it_is_in_force(store) -> None:
+    identities = Identities(store, builtin_estate)
+    token, info = identities.store.add_token("alice", scopes=("read",))
+    cookie, csrf = identities.store.add_session(
+        "alice", (), "", time.time() + 60, time.time() + 60, token_id=info.id
+    )
+    who = identities.from_session(cookie, True, csrf)
+    assert (who.user, who.admin, who.scopes, who.via) == ("alice", False, {"read"}, "session")
+    with pytest.raises(Refused):
+        identities.from_session(cookie, True, csrf[:-1] + ("A" if csrf[-1] != "A" else "B"))
+    identities.store.revoke(info.id)
+    with pytest.raises(Refused, match="has ended"):
+        identities.from_session(cookie, False, None)
+    assert identities.store.session(cookie) is None  # and the record is gone
