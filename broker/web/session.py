@@ -41,16 +41,19 @@ class SignedIn:
 
 
 def current(identities: Identities, request: Request) -> SignedIn | None:
-    """The browser's live session and its CSRF token (checked against the session's record)."""
+    """The browser's live session, and its CSRF token when the `klique_csrf` cookie holds the
+    session's own ("" otherwise: it may read, as the API lets it, but not act)."""
     cookie = request.cookies.get(SESSION_COOKIE)
-    csrf = request.cookies.get(CSRF_COOKIE)
-    if not cookie or not csrf or len(cookie) > 200:
+    if not cookie or len(cookie) > 200:
         return None
     try:
-        who = identities.from_session(cookie, True, csrf)
+        who = identities.from_session(cookie, False, None)
     except Refused:
         return None
-    return SignedIn(who, csrf)
+    csrf = request.cookies.get(CSRF_COOKIE) or ""
+    found = identities.store.session(cookie)
+    ours = found is not None and hmac.compare_digest(token_digest(csrf), found.csrf_digest)
+    return SignedIn(who, csrf if csrf and ours else "")
 
 
 def sign_in(identities: Identities, request: Request, response: Response, token: str) -> Caller:

@@ -72,7 +72,7 @@ class Web:
         who = self.viewer(request)
         form = await request.form()
         given = form.get(web_session.CSRF_FIELD) or request.headers.get(web_session.CSRF_HEADER)
-        if not (isinstance(given, str) and hmac.compare_digest(who.csrf, given)):
+        if not (who.csrf and isinstance(given, str) and hmac.compare_digest(who.csrf, given)):
             raise HTTPException(403, "missing or wrong CSRF token; reload the page and try again")
         if acts and "submit" not in who.scopes:
             raise HTTPException(
