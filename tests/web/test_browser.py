@@ -188,8 +188,17 @@ def test_cancelling_from_the_ui_one_task_and_a_selection(site, browser) -> None:
     assert site.server.task(ids[0], site.alice)["state"] == "cancelled"
 
     browser.get(site.server.url + "/tasks?state=queued")
-    for task_id in ids[1:]:
-        browser.find_element(By.CSS_SELECTOR, f"#task-{task_id} input[name=id]").click()
+
+    def select(d: Any) -> bool:
+        """Tick both rows; a live update may redraw a row between finding and clicking it (the
+        page keeps what is ticked across redraws), so this is retried until both are."""
+        boxes = [d.find_element(By.CSS_SELECTOR, f"#task-{i} input[name=id]") for i in ids[1:]]
+        for box in boxes:
+            if not box.is_selected():
+                box.click()
+        return all(box.is_selected() for box in boxes)
+
+    until(browser, select, "both queued tasks ticked")
     browser.find_element(By.CSS_SELECTOR, "button[form=cancel-many]").click()
     for task_id in ids[1:]:
         site.server.wait_state(task_id, {"cancelled"}, token=site.alice)
@@ -209,6 +218,7 @@ def test_another_users_task_is_nowhere(site, browser) -> None:
     browser.get(f"{site.server.url}/tasks?q={secret}")
     assert not browser.find_elements(By.ID, f"task-{bob_id}")
     assert secret not in browser.find_element(By.CSS_SELECTOR, "table.tasks").text
+    until(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "[data-empty]"), "the empty list")
     assert "No tasks match these filters" in browser.page_source
     browser.get(f"{site.server.url}/tasks/{bob_id}")
     assert f"no task {bob_id} of yours" in browser.page_source and secret not in browser.page_source
