@@ -25,6 +25,7 @@ from conftest_services import (  # noqa: E402, F401
     SERVICE_MARKERS,
     postgres_url,
     services_on,
+    site_slurm_cluster,
     skip_reason,
     slurm_cluster,
     sshd,
@@ -44,6 +45,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         needs = [what for marker, what in SERVICE_MARKERS.items() if marker in item.keywords]
         if needs:
             item.add_marker(pytest.mark.skip(reason=skip_reason(" and ".join(needs))))
+
+
 FINAL = {"completed", "failed", "cancelled", "timeout", "lost"}
 # Tasks run as the mapped accounts (alice, bob), which cannot enter a private venv: their
 # commands use the system's interpreter, as a task on a real node would.
