@@ -9,6 +9,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from pydantic import model_validator
+
 from broker.domain import Profile, Task, TaskState
 from broker.errors import KliqueError, SubmitError
 from broker.pools.base import Observation
@@ -62,6 +64,11 @@ log = logging.getLogger("klique.pools")
 _SEP = "|"
 _SQUEUE_FORMAT = _SEP.join(["%i", "%j", "%T", "%r", "%o"])  # id, name, state, reason, script
 _SACCT_FORMAT = "JobID,JobName,State,ExitCode"
+_GPU_DIRECTIVE = {
+    "gres": "--gres=gpu:{}",
+    "gpus-per-node": "--gpus-per-node={}",
+    "gpus": "--gpus={}",
+}
 
 
 class SlurmSettings(BatchSettings):
@@ -69,12 +76,34 @@ class SlurmSettings(BatchSettings):
     partition: str | None = None
     account: str | None = None  # --account
     qos: str | None = None  # --qos
-    gpu_flag: Literal["gres", "gpus"] = "gres"  # --gres=gpu:N or --gpus=N
+    # --gres=gpu:N and --gpus-per-node=N ask for the GPUs on the task's node; --gpus=N is
+    # job-wide (sbatch(1)): kept for sites that count GPUs only that way.
+    gpu_flag: Literal["gres", "gpus-per-node", "gpus"] = "gres"
+    # Who runs a job again after a node failure or a preemption (sbatch(1) --requeue,
+    # --no-requeue; slurm.conf(5) JobRequeue): Slurm, Klique (requeue_preempted), or nobody.
+    requeue: Literal["slurm", "klique", "none"] = "slurm"
     accounting: Literal["none", "slurmdbd", "jobcomp"] = "none"  # where sacct reads from
     # An account Slurm shows every user's jobs to (an operator or administrator in sacctmgr, or
     # SlurmUser): with PrivateData=jobs, status is then one query as it instead of one per account.
     status_account: str | None = None
     PYXIS = True  # container_runtime: pyxis starts the runner in srun --container-image
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_owner_of_retries(cls, data: Any) -> Any:
+        """`requeue: klique` is Klique running a preempted job again; `none` is nobody."""
+        if not isinstance(data, dict):
+            return data
+        wanted = {"klique": True, "none": False}.get(str(data.get("requeue")))
+        given = data.get("requeue_preempted")
+        if wanted is None:
+            return data
+        if given is not None and bool(given) != wanted:
+            raise ValueError(
+                f"requeue: {data['requeue']} contradicts requeue_preempted: {given}; fix: drop "
+                "requeue_preempted (requeue says who runs a preempted job again)"
+            )
+        return {**data, "requeue_preempted": wanted}
 
 
 POOL_KIND = PoolKindSpec(
@@ -149,8 +178,9 @@ class SlurmDriver(BatchDriver):
                 found.append(f"--{key}={settings[key]}")
         gpus = profile.whole_gpus
         if gpus:
-            gpu_flag = settings.get("gpu_flag") or "gres"
-            found.append(f"--gres=gpu:{gpus}" if gpu_flag == "gres" else f"--gpus={gpus}")
+            found.append(_GPU_DIRECTIVE[str(settings.get("gpu_flag") or "gres")].format(gpus))
+        requeue = settings.get("requeue") or "slurm"
+        found.append("--requeue" if requeue == "slurm" else "--no-requeue")
         found += [
             f"--cpus-per-task={profile.cpus}",
             f"--mem={profile.memory_mb}M",

@@ -14,7 +14,8 @@ import pytest
 from test_batch_status import Answer, ScriptedTransport, estate_of, running
 
 from broker.domain import TaskState
-from broker.errors import SubmitError, SubmitUnknown, TransportError
+from broker.errors import KliqueError, SubmitError, SubmitUnknown, TransportError
+from broker.estate import parse_estate
 from broker.pools.base import Context
 from broker.pools.slurm import SlurmDriver, parse_private_data, status_mode
 from broker.preview import sample_task
@@ -161,3 +162,48 @@ def test_a_task_whose_reply_was_lost_is_found_by_its_tag_and_script():
     )
     seen = poll(driver, [task])[7]
     assert (seen.state, seen.native_id) == (TaskState.SUBMITTED, "21")
+
+
+def directives_of(settings: str, gpus: int = 2) -> list[str]:
+    estate = parse_estate(
+        f"""
+resources:
+  r: {{profile: {{pools: [p], gpus: {gpus}, cpus: 1, walltime: 5s}}}}
+pools:
+  p: {{kind: slurm, job_root: /jobs, user_map: {{alice: alice}}{settings}}}
+"""
+    )
+    driver = SlurmDriver(estate.pools["p"], Context(estate, Path("."), Path(__file__), None))
+    task = sample_task(estate, "r", "alice")
+    return driver.directives(task, estate.resources["r"].profile, "/jobs/x")
+
+
+# sbatch(1) 22.05: --gres and --gpus-per-node count GPUs on each node, --gpus for the whole job;
+# --requeue / --no-requeue override JobRequeue (slurm.conf(5)) for this job.
+@pytest.mark.parametrize(
+    ("settings", "gpus", "requeue"),
+    [
+        ("", "--gres=gpu:2", "--requeue"),
+        (", gpu_flag: gpus-per-node", "--gpus-per-node=2", "--requeue"),
+        (", gpu_flag: gpus, requeue: klique", "--gpus=2", "--no-requeue"),
+        (", requeue: none", "--gres=gpu:2", "--no-requeue"),
+    ],
+)
+def test_gpus_and_requeue_directives_follow_the_pools_settings(settings, gpus, requeue):
+    found = directives_of(settings)
+    assert gpus in found and requeue in found
+
+
+def test_requeue_says_who_runs_a_preempted_job_again():
+    def preempted_requeue(settings: str) -> object:
+        estate = parse_estate(
+            "resources:\n  r: {profile: {pools: [p], cpus: 1, walltime: 5s}}\n"
+            f"pools:\n  p: {{kind: slurm, job_root: /jobs, user_map: {{a: a}}{settings}}}\n"
+        )
+        return estate.pools["p"].settings.get("requeue_preempted")
+
+    assert preempted_requeue(", requeue: klique") is True
+    assert preempted_requeue(", requeue: none") is False
+    assert preempted_requeue("") is False
+    with pytest.raises(KliqueError, match="requeue: none contradicts requeue_preempted"):
+        preempted_requeue(", requeue: none, requeue_preempted: true")
