@@ -25,6 +25,7 @@ from conftest_services import (  # noqa: E402, F401
     SERVICE_MARKERS,
     postgres_url,
     services_on,
+    site_slurm_cluster,
     skip_reason,
     slurm_cluster,
     sshd,
