@@ -11,6 +11,7 @@ import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from broker.domain import (
+    ArtifactSettings,
     ComputeResource,
     Estate,
     Limits,
@@ -145,6 +146,12 @@ class DefaultsFile(_Strict):
     reclaim_grace: SecondsOrZero = 120
     max_preemptions_per_cycle: Annotated[int, Field(ge=0)] = 8
     starvation: Seconds = 3600
+    pipeline_resource: Name | None = None  # where pipeline controllers run (a CPU resource)
+
+
+class ArtifactsFile(_Strict):
+    store: str | None = None  # an fsspec URL or a path; unset: $KLIQUE_HOME/artifacts
+    max_size: SizeMB = 10 * 1024  # MiB
 
 
 class LimitsFile(_Strict):
@@ -155,6 +162,7 @@ class LimitsFile(_Strict):
 class EstateFile(_Strict):
     defaults: DefaultsFile = DefaultsFile()
     limits: LimitsFile = LimitsFile()
+    artifacts: ArtifactsFile = ArtifactsFile()
     teams: dict[Name, list[str]] = {}
     resources: dict[Name, ResourceFile] = Field(min_length=1)
     pools: dict[Name, PoolFile] = Field(min_length=1)
@@ -319,14 +327,15 @@ def _cross_check(model: EstateFile) -> list[tuple[tuple[str, ...], str]]:
                         "under resources:",
                     )
                 )
-    if model.defaults.resource and model.defaults.resource not in model.resources:
-        problems.append(
-            (
-                ("defaults", "resource"),
-                f"compute resource {model.defaults.resource!r} "
-                "is not declared; fix: name one under resources:",
+    for key in ("resource", "pipeline_resource"):
+        named = getattr(model.defaults, key)
+        if named and named not in model.resources:
+            problems.append(
+                (
+                    ("defaults", key),
+                    f"compute resource {named!r} is not declared; fix: name one under resources:",
+                )
             )
-        )
     if not problems:
         estate = _build(model, "")
         problems += [(tuple(path.split(".")), message) for path, message in policy_problems(estate)]
@@ -379,6 +388,10 @@ def _build(model: EstateFile, source: str) -> Estate:
             max_request_bytes=model.limits.max_request * 1024 * 1024,
             max_diff_bytes=model.limits.max_diff * 1024 * 1024,
         ),
+        artifacts=ArtifactSettings(
+            store=model.artifacts.store, max_bytes=model.artifacts.max_size * 1024 * 1024
+        ),
+        pipeline_resource=model.defaults.pipeline_resource,
         source=source,
     )
 

@@ -2,17 +2,19 @@
 
 import hmac
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request
+from fastapi import FastAPI, Header, HTTPException, Query, Request
 from fastapi import Path as PathParam
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
+from broker.api import artifacts, sdk
+from broker.api.auth import Auth, Caller
 from broker.api.limits import BodyLimit
 from broker.api.schemas import (
+    ArtifactOut,
     LogChunk,
     PoolOut,
     Report,
@@ -26,6 +28,8 @@ from broker.api.schemas import (
     UsageOut,
     WhyOut,
 )
+from broker.api.submission import admit
+from broker.artifacts import ArtifactStore
 from broker.domain import CodeSpec, Task, TaskSpec, TaskState
 from broker.errors import KliqueError, NotFound, NotPermitted
 from broker.estate import parse_estate
@@ -60,12 +64,6 @@ _LOG_CHUNK = 1 << 20
 _NO_TASK = token_digest("")  # compared against when the id is unknown: the same work either way
 
 
-@dataclass(frozen=True)
-class Caller:
-    user: str
-    admin: bool
-
-
 def create_app(scheduler: Scheduler, lifespan: Any = None) -> FastAPI:
     app = FastAPI(
         title="Klique",
@@ -75,25 +73,20 @@ def create_app(scheduler: Scheduler, lifespan: Any = None) -> FastAPI:
         description="Submit tasks to compute resources; follow, explain and cancel them.",
     )
     app.state.scheduler = scheduler
-    app.add_middleware(BodyLimit, limit=lambda: scheduler.estate.limits.max_request_bytes)
+    settings = scheduler.estate.artifacts
+    app.state.artifacts = ArtifactStore(settings.store, scheduler.home, settings.max_bytes)
+    app.add_middleware(
+        BodyLimit,
+        limit=lambda: scheduler.estate.limits.max_request_bytes,
+        skip=artifacts.streams_itself,
+    )
+    app.include_router(sdk.router)
+    app.include_router(artifacts.router)
 
     @app.exception_handler(KliqueError)
     async def _klique_error(_request: Request, exc: KliqueError) -> JSONResponse:
         status = 404 if isinstance(exc, NotFound) else 403 if isinstance(exc, NotPermitted) else 400
         return JSONResponse({"detail": str(exc)}, status_code=status)
-
-    def caller(authorization: Annotated[str | None, Header()] = None) -> Caller:
-        token = (authorization or "").removeprefix("Bearer ").strip()
-        found = scheduler.store.user_for_token(token) if token else None
-        if found is None:
-            raise HTTPException(
-                401,
-                "missing or unknown token; run `klique login --token TOKEN` "
-                "(the server prints where its admin token is)",
-            )
-        return Caller(*found)
-
-    Auth = Annotated[Caller, Depends(caller)]
 
     def own_task(task_id: int, who: Caller) -> Task:
         task = scheduler.store.get(task_id)
@@ -118,27 +111,9 @@ def create_app(scheduler: Scheduler, lifespan: Any = None) -> FastAPI:
     @app.post(f"{API}/tasks", status_code=201)
     def submit(body: SubmitRequest, who: Auth) -> TaskOut:
         estate = scheduler.estate
-        resource = body.resource or estate.default_resource or ""
-        if resource not in estate.resources:
-            known = ", ".join(estate.resources)
-            raise NotFound(
-                f"unknown compute resource {resource!r}; known: {known} "
-                "(`klique resources` lists them)"
-            )
-        if body.code is not None and len(body.code.diff.encode()) > estate.limits.max_diff_bytes:
-            raise HTTPException(
-                413,
-                f"the uncommitted diff is {len(body.code.diff.encode())} bytes, over this "
-                f"server's limit of {estate.limits.max_diff_bytes}; fix: commit and push the "
-                "change, ignore large files in .gitignore, or ask the platform team to raise "
-                "limits.max_diff in the estate",
-            )
+        code = CodeSpec(**body.code.model_dump()) if body.code else None
+        resource = admit(estate, body.resource, code, who.user)
         team = estate.team_of(who.user)
-        if not estate.permitted(team, resource):
-            raise NotPermitted(
-                f"team {team or '(none)'} may not use compute resource {resource!r}; "
-                "ask the platform team to add it to your team's policy"
-            )
         spec = TaskSpec(
             command=tuple(body.command),
             resource=resource,
@@ -148,7 +123,7 @@ def create_app(scheduler: Scheduler, lifespan: Any = None) -> FastAPI:
             requirements=tuple(body.requirements),
             requirements_file=body.requirements_file,
             image=body.image,
-            code=CodeSpec(**body.code.model_dump()) if body.code else None,
+            code=code,
         )
         profile = estate.resources[resource].profile
         task = scheduler.store.create_task(spec, who.user, team, gpus=profile.gpu_share)
@@ -218,7 +193,9 @@ def create_app(scheduler: Scheduler, lifespan: Any = None) -> FastAPI:
         task = own_task(task_id, who)
         if task.state.final:
             return _task_out(task, scheduler)
-        return _task_out(await scheduler.cancel(task), scheduler)
+        done = await scheduler.cancel(task)
+        await sdk.cancel_steps(scheduler, task.id)
+        return _task_out(done, scheduler)
 
     @app.post(f"{API}/tasks/{{task_id}}/report")
     def report(
@@ -323,6 +300,8 @@ def _task_out(task: Task, scheduler: Scheduler, detail: bool = False) -> TaskOut
     if detail:
         out.events = scheduler.store.events(task.id)
         out.scalars = scheduler.store.scalars(task.id)
+        out.packages = list(task.packages)
+        out.artifacts = [ArtifactOut(**a) for a in scheduler.store.artifacts(task.id)]
     return out
 
 

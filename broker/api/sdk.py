@@ -1,0 +1,331 @@
+"""The SDK's endpoints: tasks recorded where they run (Task.init), their parameters, sending
+one to a compute resource (execute_remotely), clones, pipeline steps and cached steps.
+
+A user's token acts on the user's tasks (an admin's on all). A task's report token acts on
+its own task, creates steps under it, and reads and cancels those steps (a pipeline
+controller running as a task); nothing else."""
+
+from __future__ import annotations
+
+import secrets
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Request
+from fastapi import Path as PathParam
+
+from broker.api.auth import Agent, AgentAuth, scheduler_of
+from broker.api.schemas import RunIn, TaskOut
+from broker.api.sdk_schemas import (
+    CloneIn,
+    EndIn,
+    ParametersIn,
+    ParametersOut,
+    RecordIn,
+    RecordOut,
+    SettingsOut,
+    StepOut,
+)
+from broker.api.submission import admit
+from broker.domain import LOCAL_POOL, CodeSpec, Origin, Task, TaskSpec, TaskState
+from broker.errors import KliqueError, NotFound, NotPermitted
+from broker.scheduler.loop import Scheduler
+from broker.store.repository import token_digest
+
+router = APIRouter(prefix="/api/v1")
+TaskId = Annotated[int, PathParam(ge=1, lt=2**63, description="A task's id.")]
+
+
+def acts_on(agent: Agent, task: Task) -> bool:
+    """The task's owner (or an admin) with a user token, or the task's own report token."""
+    if agent.task is not None:
+        return agent.task == task.id
+    return agent.admin or task.owner == agent.user
+
+
+def controls(agent: Agent, task: Task) -> bool:
+    """acts_on, or a pipeline's report token over its steps."""
+    return acts_on(agent, task) or (agent.task is not None and task.parent == agent.task)
+
+
+def reads(scheduler: Scheduler, agent: Agent, task: Task, name: str | None) -> bool:
+    """controls, or a step's report token on the artifact it was made to read."""
+    if controls(agent, task):
+        return True
+    if agent.task is None or name is None:
+        return False
+    return (task.id, name) in scheduler.store.get(agent.task).inputs
+
+
+def find(scheduler: Scheduler, task_id: int, agent: Agent, allowed: Any = acts_on) -> Task:
+    """The task, if `allowed`; otherwise the same 404 as a task that does not exist."""
+    try:
+        task = scheduler.store.get(task_id)
+    except NotFound:
+        task = None
+    if task is None or not allowed(agent, task):
+        raise NotFound(f"no task {task_id} of yours; `klique ls` lists your tasks")
+    return task
+
+
+def _out(task: Task, scheduler: Scheduler) -> TaskOut:
+    from broker.api.app import _task_out
+
+    return _task_out(task, scheduler, detail=True)
+
+
+def _spec(body: RunIn, resource: str, name: str, project: str) -> TaskSpec:
+    return TaskSpec(
+        command=tuple(body.command),
+        resource=resource,
+        name=name,
+        project=project,
+        env=dict(body.env),
+        code=CodeSpec(**body.code.model_dump()) if body.code else None,
+        requirements=tuple(body.requirements),
+        requirements_file=body.requirements_file,
+        image=body.image,
+    )
+
+
+@router.get("/sdk/settings")
+def settings(request: Request, agent: AgentAuth) -> SettingsOut:
+    estate = scheduler_of(request).estate
+    return SettingsOut(
+        pipeline_resource=estate.pipeline_resource or estate.default_resource,
+        default_resource=estate.default_resource,
+        artifact_max_bytes=estate.artifacts.max_bytes,
+    )
+
+
+@router.post("/sdk/tasks", status_code=201)
+def record(body: RecordIn, request: Request, agent: AgentAuth) -> RecordOut:
+    """Record a task: run here (no resource), queued on a resource, or reusing outputs."""
+    scheduler = scheduler_of(request)
+    parent = _parent(scheduler, body.parent, agent)
+    for ref in body.inputs:
+        if (
+            scheduler.store.artifact(find(scheduler, ref.task, agent, controls).id, ref.name)
+            is None
+        ):
+            raise NotFound(f"task {ref.task} has no artifact {ref.name!r}")
+    fields: dict[str, Any] = {
+        "parent_id": parent,
+        "parameters": body.parameters,
+        "packages": list(body.packages),
+        "inputs": [[ref.task, ref.name] for ref in body.inputs],
+        "cache_key": body.cache_key,
+    }
+    team = scheduler.estate.team_of(agent.user)
+    if body.reuse is not None:
+        return _reuse(scheduler, body, agent, fields)
+    if body.resource is None:
+        return _local(scheduler, body, agent, fields)
+    code = CodeSpec(**body.code.model_dump()) if body.code else None
+    resource = admit(scheduler.estate, body.resource, code, agent.user)
+    spec = _spec(body, resource, body.name, body.project)
+    gpus = scheduler.estate.resources[resource].profile.gpu_share
+    task = scheduler.store.create_task(spec, agent.user, team, gpus=gpus, record=fields)
+    scheduler.wake()
+    return RecordOut(**_out(task, scheduler).model_dump())
+
+
+def _parent(scheduler: Scheduler, parent: int | None, agent: Agent) -> int | None:
+    """A report token's tasks are its own task's steps; a user's, under one of the user's."""
+    if agent.task is not None:
+        if parent not in (None, agent.task):
+            raise NotPermitted("a task's token makes steps of its own task only")
+        return agent.task
+    if parent is not None:
+        find(scheduler, parent, agent)
+    return parent
+
+
+def _local(scheduler: Scheduler, body: RecordIn, agent: Agent, fields: dict[str, Any]) -> RecordOut:
+    """A run outside any pool, recorded RUNNING as it starts and metered on `(local)`."""
+    if agent.task is not None:
+        raise NotPermitted(
+            "a task inside a Klique job is already recorded; Task.init attaches to it"
+        )
+    spec = _spec(body, LOCAL_POOL, body.name, body.project)
+    token = secrets.token_urlsafe(32)
+    fields.update(origin=Origin.LOCAL.value, pool=LOCAL_POOL, report_digest=token_digest(token))
+    task = scheduler.store.create_task(
+        spec,
+        agent.user,
+        scheduler.estate.team_of(agent.user),
+        state=TaskState.RUNNING,
+        reason="running where it was started (recorded by the SDK)",
+        record=fields,
+    )
+    return RecordOut(**_out(task, scheduler).model_dump(), report_token=token)
+
+
+def _reuse(scheduler: Scheduler, body: RecordIn, agent: Agent, fields: dict[str, Any]) -> RecordOut:
+    """A step whose code and inputs match a completed one: its outputs, without running."""
+    assert body.reuse is not None
+    earlier = find(scheduler, body.reuse, agent, lambda a, t: t.owner == a.user or a.admin)
+    if earlier.state is not TaskState.COMPLETED:
+        raise KliqueError(f"task {earlier.id} is {earlier.state.value}; only completed ones reuse")
+    spec = _spec(body, body.resource or earlier.resource, body.name, body.project)
+    fields.update(origin=Origin.CACHED.value, pool=earlier.pool)
+    task = scheduler.store.create_task(
+        spec,
+        agent.user,
+        scheduler.estate.team_of(agent.user),
+        state=TaskState.COMPLETED,
+        reason=f"reused the outputs of task {earlier.id} (same code and inputs)",
+        record=fields,
+    )
+    scheduler.store.copy_artifacts(earlier.id, task.id)
+    return RecordOut(**_out(task, scheduler).model_dump())
+
+
+@router.get("/sdk/tasks/{task_id}")
+def get_record(task_id: TaskId, request: Request, agent: AgentAuth) -> TaskOut:
+    scheduler = scheduler_of(request)
+    return _out(find(scheduler, task_id, agent, controls), scheduler)
+
+
+@router.post("/sdk/tasks/{task_id}/parameters")
+def parameters(
+    task_id: TaskId, body: ParametersIn, request: Request, agent: AgentAuth
+) -> ParametersOut:
+    """Record parameters; with overwrite false, the values stored on the task win (a task
+    cloned with edited values runs with them, whatever the script's defaults say)."""
+    scheduler = scheduler_of(request)
+    task = find(scheduler, task_id, agent)
+    merged = scheduler.store.merge_parameters(task.id, body.values, body.overwrite)
+    return ParametersOut(parameters=merged)
+
+
+@router.post("/sdk/tasks/{task_id}/remote")
+def execute_remotely(task_id: TaskId, body: RunIn, request: Request, agent: AgentAuth) -> TaskOut:
+    """A task running locally becomes the same task queued on a compute resource."""
+    scheduler = scheduler_of(request)
+    task = _local_task(scheduler, task_id, agent)
+    code = CodeSpec(**body.code.model_dump()) if body.code else None
+    resource = admit(scheduler.estate, body.resource, code, agent.user)
+    spec = _spec(body, resource, task.spec.name, task.spec.project)
+    from broker.store.repository import _spec_json
+
+    stored, diff = _spec_json(spec)
+    moved = scheduler.store.change_state(
+        task.id,
+        TaskState.QUEUED,
+        f"sent from where it ran to {resource}",
+        only_from=[TaskState.RUNNING],
+        origin=Origin.POOL.value,
+        pool=None,
+        resource=resource,
+        spec=stored,
+        diff=diff,
+        diff_bytes=len(diff.encode()),
+        gpus=scheduler.estate.resources[resource].profile.gpu_share,
+        report_digest="",
+    )
+    if moved is None:
+        raise KliqueError(f"task {task.id} is no longer running; it cannot be sent")
+    scheduler.wake()
+    return _out(moved, scheduler)
+
+
+@router.post("/sdk/tasks/{task_id}/end")
+def end(task_id: TaskId, body: EndIn, request: Request, agent: AgentAuth) -> TaskOut:
+    """A local run ends by its own word: no pool capacity was involved (SECURITY.md 7)."""
+    scheduler = scheduler_of(request)
+    task = _local_task(scheduler, task_id, agent)
+    state = TaskState.COMPLETED if body.outcome == "completed" else TaskState.FAILED
+    reason = body.reason or ("completed" if body.exit_code in (0, None) else "failed")
+    ended = scheduler.store.change_state(
+        task.id, state, reason, only_from=[TaskState.RUNNING], exit_code=body.exit_code
+    )
+    return _out(ended or scheduler.store.get(task.id), scheduler)
+
+
+def _local_task(scheduler: Scheduler, task_id: int, agent: Agent) -> Task:
+    if agent.task is not None:
+        raise NotPermitted("only the owner's own token can send or end a local run")
+    task = find(scheduler, task_id, agent)
+    if task.origin is not Origin.LOCAL:
+        raise KliqueError(
+            f"task {task.id} runs in pool {task.pool or '(none yet)'}; only a task that runs "
+            "locally (recorded by Task.init) can be sent or ended this way"
+        )
+    return task
+
+
+@router.post("/sdk/tasks/{task_id}/clone", status_code=201)
+def clone(task_id: TaskId, body: CloneIn, request: Request, agent: AgentAuth) -> TaskOut:
+    """A new queued task with the same code, packages and parameters (edited)."""
+    scheduler = scheduler_of(request)
+    task = find(scheduler, task_id, agent)
+    if task.origin is Origin.LOCAL and task.spec.resource == LOCAL_POOL and not body.resource:
+        raise KliqueError(f"task {task.id} ran locally; give the compute resource to run it on")
+    resource = admit(
+        scheduler.estate, body.resource or task.spec.resource, task.spec.code, agent.user
+    )
+    from dataclasses import replace
+
+    spec = replace(task.spec, resource=resource, name=body.name or task.spec.name)
+    fields = {
+        "parameters": {**task.parameters, **body.parameters},
+        "packages": list(task.packages),
+        "parent_id": None,
+    }
+    gpus = scheduler.estate.resources[resource].profile.gpu_share
+    team = scheduler.estate.team_of(agent.user)
+    made = scheduler.store.create_task(spec, agent.user, team, gpus=gpus, record=fields)
+    scheduler.wake()
+    return _out(made, scheduler)
+
+
+@router.get("/sdk/tasks/{task_id}/steps")
+def steps(task_id: TaskId, request: Request, agent: AgentAuth) -> list[StepOut]:
+    """A pipeline's steps, each with the steps whose outputs it reads."""
+    scheduler = scheduler_of(request)
+    pipeline = find(scheduler, task_id, agent, controls)
+    return [
+        StepOut(
+            id=s.id,
+            name=s.spec.name,
+            state=s.state.value,
+            reason=s.reason,
+            resource=s.spec.resource,
+            pool=s.pool,
+            origin=s.origin.value,
+            exit_code=s.exit_code,
+            needs=sorted({t for t, _ in s.inputs}),
+        )
+        for s in scheduler.store.children(pipeline.id)
+    ]
+
+
+@router.post("/sdk/tasks/{task_id}/cancel")
+async def cancel(task_id: TaskId, request: Request, agent: AgentAuth) -> TaskOut:
+    """Cancel a task, or a pipeline's step with the pipeline's own token."""
+    scheduler = scheduler_of(request)
+    task = find(scheduler, task_id, agent, controls)
+    if not task.state.final:
+        task = await scheduler.cancel(task)
+    return _out(task, scheduler)
+
+
+@router.get("/sdk/cached")
+def cached(
+    request: Request,
+    agent: AgentAuth,
+    key: Annotated[str, Query(pattern=r"^[0-9a-f]{64}$")],
+) -> TaskOut:
+    """The newest completed task of the caller with this cache key (same code and inputs)."""
+    scheduler = scheduler_of(request)
+    task = scheduler.store.cached(agent.user, key)
+    if task is None:
+        raise NotFound("no completed task with this code and these inputs")
+    return _out(task, scheduler)
+
+
+async def cancel_steps(scheduler: Scheduler, pipeline: int) -> None:
+    """Cancelling a pipeline cancels its steps that have not ended."""
+    for step in scheduler.store.children(pipeline):
+        if not step.state.final:
+            await scheduler.cancel(step)
