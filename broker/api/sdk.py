@@ -51,9 +51,12 @@ def reads(scheduler: Scheduler, agent: Agent, task: Task, name: str | None) -> b
     """controls, or a step's report token on the artifact it was made to read."""
     if controls(agent, task):
         return True
-    if agent.task is None or name is None:
+    if agent.task is None:
         return False
-    return (task.id, name) in scheduler.store.get(agent.task).inputs
+    inputs = scheduler.store.get(agent.task).inputs
+    if name is None:  # a listing: the task is one the step was made to read from
+        return any(source == task.id for source, _ in inputs)
+    return (task.id, name) in inputs
 
 
 def find(scheduler: Scheduler, task_id: int, agent: Agent, allowed: Any = acts_on) -> Task:
