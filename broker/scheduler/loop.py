@@ -51,6 +51,9 @@ class Scheduler:
     cycles: int = 0
     _wake: asyncio.Event = field(default_factory=asyncio.Event)
     _loop: asyncio.AbstractEventLoop | None = None
+    # Tasks whose cancel is under way: the end their pool sees meanwhile (the runner's report
+    # of the signal) is the cancel's, recorded by cancel() itself.
+    _cancelling: set[int] = field(default_factory=set)
 
     def wake(self) -> None:
         """Run the next cycle now (a task was submitted or cancelled); safe from any thread."""
@@ -122,6 +125,8 @@ class Scheduler:
             self._apply(by_id[task_id], seen)
 
     def _apply(self, task: Task, seen: Observation) -> None:
+        if task.id in self._cancelling:
+            return
         if task.state is TaskState.PLACED:
             self._adopt(task, seen)
         elif seen.state.final and self._requeues(task, seen):
@@ -328,7 +333,11 @@ class Scheduler:
         if done is not None:
             return done
         if task.state in ACTIVE and task.pool in self.drivers:
-            await self.drivers[task.pool].cancel(task)
+            self._cancelling.add(task.id)
+            try:
+                await self.drivers[task.pool].cancel(task)
+            finally:
+                self._cancelling.discard(task.id)
         done = self.store.change_state(task.id, TaskState.CANCELLED, reason, only_from=ACTIVE)
         return done or self.store.get(task.id)
 

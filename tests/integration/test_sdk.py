@@ -233,7 +233,7 @@ def test_cancelling_a_pipeline_cancels_its_running_steps(host, checkout):
         cancelled = server.cli("cancel", str(pipeline_id), token=token)
         assert cancelled.exit_code == 0, cancelled.output
         step = server.wait_state(step_id, token=token)
-        assert step["state"] == "cancelled", step
+        assert step["state"] == "cancelled", (step["reason"], step["events"])
         output, _ = controller.communicate(timeout=60)
         assert controller.returncode != 0 and f"pipeline {pipeline_id} was cancelled" in output
         assert server.task(pipeline_id, token)["state"] == "cancelled"
