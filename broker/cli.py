@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import json
-import shlex
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import click
 
-from broker import cli_sdk, config
+from broker import cli_sdk, cli_submit, config
 from broker.cli_output import cell, json_option, listing, when
 from broker.client import Client, save_token
 from broker.errors import EstateError, KliqueError
@@ -144,7 +141,7 @@ def submit(
         task = client.post(
             f"/sdk/tasks/{clone}/clone",
             {
-                "parameters": _pairs(params, "--param", json_values=True),
+                "parameters": cli_submit.pairs(params, "--param", json_values=True),
                 "resource": resource,
                 "name": name or None,
             },
@@ -153,15 +150,15 @@ def submit(
     else:
         if params:
             raise click.UsageError("--param edits a clone's parameters: give --clone ID too")
-        argv = _command(command, script, script_args)
-        code = _code(no_code, repo, branch, commit)
-        packages = list(requirements) + _requirement_lines(requirements_local)
+        argv = cli_submit.argv(command, script, script_args)
+        code = cli_submit.code(no_code, repo, branch, commit)
+        packages = list(requirements) + cli_submit.requirement_lines(requirements_local)
         body = {
             "command": argv,
             "resource": resource,
             "project": project,
             "name": name,
-            "env": _pairs(env, "--env"),
+            "env": cli_submit.pairs(env, "--env"),
             "requirements": packages,
             "requirements_file": requirements_file,
             "image": image,
@@ -179,50 +176,6 @@ def submit(
         task = _wait(client, task["id"], lambda t: t["state"] in FINAL)
         click.echo(f"task {task['id']} {task['state']}: {task['reason']}")
         sys.exit(0 if task["state"] == "completed" else (task["exit_code"] or 1))
-
-
-def _pairs(items: tuple[str, ...], option: str, json_values: bool = False) -> dict[str, Any]:
-    """KEY=VALUE items; with json_values, a value that reads as JSON is that value (0.01)."""
-    found: dict[str, Any] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint=option)
-        found[key] = value
-        if json_values:
-            with contextlib.suppress(ValueError):
-                found[key] = json.loads(value)
-    return found
-
-
-def _command(command: tuple[str, ...], script: str | None, script_args: str | None) -> list[str]:
-    if script is not None:
-        return ["python3", script, *shlex.split(script_args or ""), *command]
-    if script_args is not None:
-        raise click.UsageError("--args goes with --script PATH")
-    if not command:
-        raise click.UsageError("give the command after --, or --script PATH, or --clone ID")
-    return list(command)
-
-
-def _code(no_code: bool, repo: str | None, branch: str | None, commit: str | None) -> Any:
-    from broker.codecapture import capture, remote_commit
-    from broker.domain import CodeSpec
-
-    if repo is None:
-        if branch or commit:
-            raise click.UsageError("--branch and --commit go with --repo URL")
-        return None if no_code else capture(Path.cwd())
-    if commit is None:
-        commit = remote_commit(repo, branch or "HEAD")
-    return CodeSpec(repo=repo, commit=commit)
-
-
-def _requirement_lines(path: str | None) -> list[str]:
-    if path is None:
-        return []
-    lines = (line.split("#", 1)[0].strip() for line in Path(path).read_text().splitlines())
-    return [line for line in lines if line]
 
 
 def _wait(
