@@ -8,7 +8,7 @@ import re
 from collections.abc import AsyncIterator
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Header, HTTPException, Query, Request
+from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi import Path as PathParam
 from fastapi.responses import StreamingResponse
 
@@ -49,12 +49,12 @@ async def upload(
     agent: AgentAuth,
     kind: Literal["file", "object"] = "file",
     filename: Annotated[str | None, Query(pattern=FILENAME)] = None,
-    content_length: Annotated[str | None, Header()] = None,
 ) -> ArtifactOut:
     """Store the body as the task's artifact `name` (replacing one of that name)."""
     scheduler = scheduler_of(request)
     task = find(scheduler, task_id, agent, acts_on)
     store = store_of(request)
+    content_length = request.headers.get("content-length")
     if content_length is not None:
         if not content_length.isdigit():
             raise HTTPException(400, "the Content-Length header is not a number")

@@ -22,6 +22,7 @@ from broker.api.sdk_schemas import (
     ParametersOut,
     RecordIn,
     RecordOut,
+    RemoteIn,
     SettingsOut,
     StepOut,
 )
@@ -202,13 +203,16 @@ def parameters(
 
 
 @router.post("/sdk/tasks/{task_id}/remote")
-def execute_remotely(task_id: TaskId, body: RunIn, request: Request, agent: AgentAuth) -> TaskOut:
+def execute_remotely(
+    task_id: TaskId, body: RemoteIn, request: Request, agent: AgentAuth
+) -> TaskOut:
     """A task running locally becomes the same task queued on a compute resource."""
     scheduler = scheduler_of(request)
     task = _local_task(scheduler, task_id, agent)
     code = CodeSpec(**body.code.model_dump()) if body.code else None
     resource = admit(scheduler.estate, body.resource, code, agent.user)
-    spec = _spec(body, resource, task.spec.name, task.spec.project)
+    run = RunIn(**body.model_dump())
+    spec = _spec(run, resource, task.spec.name, task.spec.project)
     from broker.store.repository import _spec_json
 
     stored, diff = _spec_json(spec)

@@ -6,8 +6,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field
 
-from broker.api.schemas import Line, Name, RunIn, TaskOut, _Body
-from broker.names import ARTIFACT, LINE, PROJECT
+from broker.api.schemas import Argument, CodeIn, Line, Name, RunIn, TaskOut, _Body
+from broker.names import ARTIFACT, IMAGE, LINE, PROJECT
 
 ArtifactName = Annotated[str, Field(pattern=ARTIFACT)]
 ParamName = Annotated[str, Field(min_length=1, max_length=200, pattern=LINE)]
@@ -34,6 +34,16 @@ class RecordIn(RunIn):
     inputs: list[InputRef] = Field([], max_length=1000)
     cache_key: str | None = Field(None, pattern=r"^[0-9a-f]{64}$")
     reuse: TaskRef | None = None
+
+
+class RemoteIn(_Body):
+    """Where a task that runs locally goes, and what runs there (execute_remotely)."""
+
+    resource: Name | None = None
+    command: list[Argument] = Field(min_length=1, max_length=4096)
+    code: CodeIn | None = None
+    requirements: list[Line] = Field([], max_length=4096)
+    image: str | None = Field(None, pattern=IMAGE)
 
 
 class RecordOut(TaskOut):

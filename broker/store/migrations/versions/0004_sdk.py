@@ -47,13 +47,9 @@ def downgrade() -> None:
     op.drop_index("ix_artifacts_digest", table_name="artifacts")
     op.drop_index("ix_artifacts_task_id", table_name="artifacts")
     op.drop_table("artifacts")
-    with op.batch_alter_table("tasks", schema=None) as batch_op:
-        batch_op.drop_index("ix_tasks_report_digest")
-        batch_op.drop_index("ix_tasks_cache_key")
-        batch_op.drop_index("ix_tasks_parent_id")
-        batch_op.drop_column("cache_key")
-        batch_op.drop_column("inputs")
-        batch_op.drop_column("packages")
-        batch_op.drop_column("parameters")
-        batch_op.drop_column("parent_id")
-        batch_op.drop_column("origin")
+    for index in ("ix_tasks_report_digest", "ix_tasks_cache_key", "ix_tasks_parent_id"):
+        op.drop_index(index, table_name="tasks")
+    # ALTER TABLE ... DROP COLUMN (SQLite 3.35 and later): copying the table, as batch mode
+    # does, would break the foreign keys of task_events, scalars and ledger rows.
+    for column in ("cache_key", "inputs", "packages", "parameters", "parent_id", "origin"):
+        op.drop_column("tasks", column)
