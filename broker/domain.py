@@ -98,18 +98,6 @@ class Origin(enum.StrEnum):
 LOCAL_POOL = "(local)"
 
 
-class PoolKind(enum.StrEnum):
-    HOST = "host"
-    SLURM = "slurm"
-    PBS = "pbs"
-    LSF = "lsf"
-
-    @property
-    def queueing(self) -> bool:
-        """Has a scheduler queue of its own (Slurm, PBS, LSF) rather than fixed slots."""
-        return self is not PoolKind.HOST
-
-
 @dataclass(frozen=True)
 class Profile:
     """The allocation a compute resource names, and the pools that may serve it, in order.
@@ -125,6 +113,15 @@ class Profile:
     cpus: int = 1
     memory_mb: int = 1024
     walltime_s: int = 3600
+
+    @property
+    def whole_gpus(self) -> int:
+        """GPUs as a batch scheduler allocates them, and as placement counts them on a batch
+        pool: whole GPUs, where a fraction or an amount of GPU memory takes one. (Host pools
+        pack fractions and memory onto their GPUs; batch schedulers do not.)"""
+        if self.gpus:
+            return self.gpus
+        return 1 if (self.gpu_fraction or self.gpu_memory_mb) else 0
 
     @property
     def gpu_share(self) -> float:
@@ -157,7 +154,8 @@ class Pool:
     """Nodes in one place. `settings` holds the kind's own options (partition, queue, ...)."""
 
     name: str
-    kind: PoolKind
+    kind: str  # a registered pool kind (broker/pools/registry.py): host, slurm, pbs, lsf, ...
+    queueing: bool = False  # has a scheduler queue of its own, rather than fixed slots
     user_map: UserMap = field(default_factory=UserMap)
     slots: int = 1  # host pools: concurrent tasks
     gpus: int = 0  # host pools: GPUs on the host
@@ -208,6 +206,26 @@ class ArtifactSettings:
 
 
 @dataclass(frozen=True)
+class StaticRoute:
+    """A route the platform team made: it outlives the endpoints launched behind it and spreads
+    requests over every live one. `teams` may call it; `apps` may serve it (empty: any endpoint)."""
+
+    name: str
+    teams: tuple[str, ...] = ()
+    apps: tuple[str, ...] = ()
+    created_by: str = "estate"
+
+
+@dataclass(frozen=True)
+class AppSettings:
+    """The estate's `apps:` section: where the app catalogue is, and the running-apps quotas."""
+
+    catalogue: str | None = None  # a folder of app files; None: the built-in catalogue
+    max_running: int | None = None  # apps running at once, company-wide
+    max_running_per_team: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class Estate:
     """Everything the platform team declares: the validated content of the estate file."""
 
@@ -224,7 +242,11 @@ class Estate:
     limits: Limits = field(default_factory=Limits)
     artifacts: ArtifactSettings = field(default_factory=ArtifactSettings)
     pipeline_resource: str | None = None  # where pipeline controllers run (None: the default)
+    templates_dir: str | None = None  # the site's batch templates, searched before the built-in
+    apps: AppSettings = field(default_factory=AppSettings)
+    routes: dict[str, StaticRoute] = field(default_factory=dict)
     source: str = "<built-in>"
+    text: str = ""  # the file as written: `klique agent` builds the same estate from it
 
     def team_of(self, user: str) -> str | None:
         for team in self.teams.values():
@@ -264,6 +286,8 @@ class TaskSpec:
     requirements: tuple[str, ...] = ()
     requirements_file: str | None = None  # in the code: requirements.txt, pyproject.toml, uv.lock
     image: str | None = None
+    kind: str = "batch"  # or "application": an app from the catalogue, reached through a route
+    app: dict[str, Any] | None = None  # an application's launch: see broker/apps/launch.py
 
 
 @dataclass(frozen=True)
@@ -289,11 +313,12 @@ class Task:
     diff_bytes: int = 0
     claim: dict[str, Any] | None = None  # the runner's report of its outcome, not yet confirmed
     origin: Origin = Origin.POOL
-    parent: int | None = None  # the pipeline a step belongs to
+    parent: int | None = None  # the task that made this one (a pipeline's step, say)
     parameters: dict[str, Any] = field(default_factory=dict)
     packages: tuple[str, ...] = ()  # as installed where it ran (name==version)
     inputs: tuple[tuple[int, str], ...] = ()  # artifacts (task, name) it was created to read
     cache_key: str | None = None
+    intent: str | None = None  # asked of the pool's agent: "cancel" or "withdraw"
     created_at: float = 0.0
     queued_at: float | None = None
     submitted_at: float | None = None

@@ -1,6 +1,6 @@
 """The REST API (OpenAPI at /docs and /openapi.json). Thin: validation, auth, the store."""
 
-import hmac
+import asyncio
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -11,7 +11,9 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
 from broker.api import artifacts, sdk
-from broker.api.auth import Auth, Caller
+from broker.api.agents import agent_router
+from broker.api.auth import Auth, Caller, bearer, owned_task, report_token_valid
+from broker.api.create import new_task
 from broker.api.limits import BodyLimit
 from broker.api.schemas import (
     ArtifactOut,
@@ -28,7 +30,6 @@ from broker.api.schemas import (
     UsageOut,
     WhyOut,
 )
-from broker.api.submission import admit
 from broker.artifacts import ArtifactStore
 from broker.domain import CodeSpec, Task, TaskSpec, TaskState
 from broker.errors import KliqueError, NotFound, NotPermitted
@@ -36,7 +37,6 @@ from broker.estate import parse_estate
 from broker.scheduler.fairshare import UsageRow, decayed_usage
 from broker.scheduler.loop import HOLDING, Scheduler, _active
 from broker.simulate import Trace, queued_of, simulate
-from broker.store.repository import token_digest
 from broker.usage import Run, UsageKey, summarise
 from inside_job.reporter import decode_prefix
 
@@ -61,7 +61,6 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 TaskId = Annotated[int, PathParam(ge=1, lt=2**63, description="A task's id.")]
 _LOG_CHUNK = 1 << 20
-_NO_TASK = token_digest("")  # compared against when the id is unknown: the same work either way
 
 
 def create_app(scheduler: Scheduler, lifespan: Any = None) -> FastAPI:
@@ -88,15 +87,21 @@ def create_app(scheduler: Scheduler, lifespan: Any = None) -> FastAPI:
         status = 404 if isinstance(exc, NotFound) else 403 if isinstance(exc, NotPermitted) else 400
         return JSONResponse({"detail": str(exc)}, status_code=status)
 
+    def admin(who: Auth) -> Caller:
+        if not who.admin:
+            raise NotPermitted("only an admin token can do this; ask the platform team")
+        return who
+
+    app.include_router(agent_router(scheduler, admin))
+
     def own_task(task_id: int, who: Caller) -> Task:
-        task = scheduler.store.get(task_id)
-        if task.owner != who.user and not who.admin:
-            raise NotFound(f"no task {task_id} of yours; `klique ls` lists your tasks")
-        return task
+        return owned_task(scheduler.store, task_id, who)
 
     @app.get(f"{API}/health")
     def health() -> dict[str, Any]:
-        return {"ok": True, "cycles": scheduler.cycles}
+        """Up; placement cycles run, and each pool agent's looks at its pool."""
+        looks = {name: agent.looks for name, agent in scheduler.agents.items()}
+        return {"ok": True, "cycles": scheduler.cycles, "looks": looks}
 
     @app.get(f"{API}/whoami")
     def whoami(who: Auth) -> dict[str, Any]:
@@ -110,25 +115,18 @@ def create_app(scheduler: Scheduler, lifespan: Any = None) -> FastAPI:
 
     @app.post(f"{API}/tasks", status_code=201)
     def submit(body: SubmitRequest, who: Auth) -> TaskOut:
-        estate = scheduler.estate
-        code = CodeSpec(**body.code.model_dump()) if body.code else None
-        resource = admit(estate, body.resource, code, who.user)
-        team = estate.team_of(who.user)
         spec = TaskSpec(
             command=tuple(body.command),
-            resource=resource,
+            resource=body.resource or scheduler.estate.default_resource or "",
             name=body.name,
             project=body.project,
             env=dict(body.env),
             requirements=tuple(body.requirements),
             requirements_file=body.requirements_file,
             image=body.image,
-            code=code,
+            code=CodeSpec(**body.code.model_dump()) if body.code else None,
         )
-        profile = estate.resources[resource].profile
-        task = scheduler.store.create_task(spec, who.user, team, gpus=profile.gpu_share)
-        scheduler.wake()
-        return _task_out(task, scheduler)
+        return _task_out(new_task(scheduler, who, spec), scheduler)
 
     @app.get(f"{API}/tasks")
     def list_tasks(
@@ -182,7 +180,7 @@ def create_app(scheduler: Scheduler, lifespan: Any = None) -> FastAPI:
     async def logs(
         task_id: TaskId, who: Auth, offset: Annotated[int, Query(ge=0, lt=2**62)] = 0
     ) -> LogChunk:
-        task = own_task(task_id, who)
+        task = await asyncio.to_thread(own_task, task_id, who)
         data = await _read_console(task, scheduler, offset)
         # A character split at the chunk's end waits for the next read, unless this is the end.
         text, used = decode_prefix(data, task.state.final and len(data) < _LOG_CHUNK)
@@ -190,12 +188,11 @@ def create_app(scheduler: Scheduler, lifespan: Any = None) -> FastAPI:
 
     @app.post(f"{API}/tasks/{{task_id}}/cancel")
     async def cancel(task_id: TaskId, who: Auth) -> TaskOut:
-        task = own_task(task_id, who)
-        if task.state.final:
-            return _task_out(task, scheduler)
-        done = await scheduler.cancel(task)
-        await sdk.cancel_steps(scheduler, task.id)
-        return _task_out(done, scheduler)
+        task = await asyncio.to_thread(own_task, task_id, who)
+        if not task.state.final:
+            task = await scheduler.cancel(task)
+            await sdk.cancel_steps(scheduler, task.id)
+        return await asyncio.to_thread(_task_out, task, scheduler)
 
     @app.post(f"{API}/tasks/{{task_id}}/report")
     def report(
@@ -203,10 +200,7 @@ def create_app(scheduler: Scheduler, lifespan: Any = None) -> FastAPI:
     ) -> dict[str, bool]:
         """What a task's runner says: state, console, scalars, its end. The end is a claim: the
         task becomes final only when its pool sees the job gone (see SECURITY.md)."""
-        given = token_digest((authorization or "").removeprefix("Bearer ").strip())
-        expected = scheduler.store.report_digest(task_id) or ""
-        # Unknown ids and wrong tokens get the same answer, after the same comparison.
-        if not hmac.compare_digest(given, expected or _NO_TASK) or not expected:
+        if not report_token_valid(scheduler.store, task_id, bearer(authorization)):
             raise HTTPException(401, "not a valid report token for this task")
         task = scheduler.store.get(task_id)
         if body.console is not None:
@@ -219,7 +213,7 @@ def create_app(scheduler: Scheduler, lifespan: Any = None) -> FastAPI:
             )
         if body.exit is not None and not task.state.final:
             scheduler.store.update(task.id, claim=body.exit.model_dump())
-            scheduler.wake()  # the pool confirms at its next look
+            scheduler.wake_pool(task.pool)  # the pool confirms at its next look
         return {"ok": True}
 
     @app.get(f"{API}/resources")
@@ -234,7 +228,7 @@ def create_app(scheduler: Scheduler, lifespan: Any = None) -> FastAPI:
     @app.get(f"{API}/pools")
     def pools(who: Auth) -> list[PoolOut]:
         return [
-            PoolOut.of(p, scheduler.pool_states.get(p.name), scheduler.drivers[p.name].strangers)
+            PoolOut.of(p, scheduler.snapshots().get(p.name), scheduler.strangers(p.name))
             for p in scheduler.estate.pools.values()
         ]
 
@@ -282,13 +276,18 @@ def create_app(scheduler: Scheduler, lifespan: Any = None) -> FastAPI:
         shares = decayed_usage(
             [UsageRow(r.team or "", r.start, r.end, r.gpus) for r in ledger], now, half_life
         )
-        states = dict(scheduler.pool_states)
+        states = scheduler.snapshots()
         result = simulate(estate, queued, active, states, shares, now)
         out = SimulationOut.model_validate(result.to_dict())
         if body.include_trace:
             out.trace = Trace(queued, active, states, shares, now).to_dict()
         return out
 
+    from broker.api.apps import router as apps_router
+    from broker.routes import mount_routes
+
+    app.include_router(apps_router, prefix=API)
+    mount_routes(app)
     return app
 
 

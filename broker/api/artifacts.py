@@ -12,7 +12,7 @@ from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi import Path as PathParam
 from fastapi.responses import StreamingResponse
 
-from broker.api.auth import AgentAuth, scheduler_of
+from broker.api.auth import ActorAuth, scheduler_of
 from broker.api.schemas import ArtifactOut
 from broker.api.sdk import TaskId, acts_on, find, reads
 from broker.artifacts import ArtifactStore, TooLarge, too_large
@@ -46,13 +46,13 @@ async def upload(
     task_id: TaskId,
     name: Name,
     request: Request,
-    agent: AgentAuth,
+    actor: ActorAuth,
     kind: Literal["file", "object"] = "file",
     filename: Annotated[str | None, Query(pattern=FILENAME)] = None,
 ) -> ArtifactOut:
     """Store the body as the task's artifact `name` (replacing one of that name)."""
     scheduler = scheduler_of(request)
-    task = find(scheduler, task_id, agent, acts_on)
+    task = find(scheduler, task_id, actor, acts_on)
     store = store_of(request)
     content_length = request.headers.get("content-length")
     if content_length is not None:
@@ -77,9 +77,9 @@ async def _body(request: Request) -> AsyncIterator[bytes]:
 
 
 @router.get("/tasks/{task_id}/artifacts")
-def listing(task_id: TaskId, request: Request, agent: AgentAuth) -> list[ArtifactOut]:
+def listing(task_id: TaskId, request: Request, actor: ActorAuth) -> list[ArtifactOut]:
     scheduler = scheduler_of(request)
-    task = find(scheduler, task_id, agent, lambda a, t: reads(scheduler, a, t, None))
+    task = find(scheduler, task_id, actor, lambda a, t: reads(scheduler, a, t, None))
     return [ArtifactOut(**a) for a in scheduler.store.artifacts(task.id)]
 
 
@@ -88,9 +88,9 @@ def listing(task_id: TaskId, request: Request, agent: AgentAuth) -> list[Artifac
     response_class=StreamingResponse,
     responses={200: _BINARY},
 )
-def download(task_id: TaskId, name: Name, request: Request, agent: AgentAuth) -> StreamingResponse:
+def download(task_id: TaskId, name: Name, request: Request, actor: ActorAuth) -> StreamingResponse:
     scheduler = scheduler_of(request)
-    task = find(scheduler, task_id, agent, lambda a, t: reads(scheduler, a, t, name))
+    task = find(scheduler, task_id, actor, lambda a, t: reads(scheduler, a, t, name))
     found = scheduler.store.artifact(task.id, name)
     if found is None:
         raise NotFound(f"task {task.id} has no artifact {name!r}; `klique artifacts {task.id}`")

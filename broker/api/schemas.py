@@ -81,7 +81,7 @@ class TaskOut(BaseModel):
     code: dict[str, Any] | None = None
     claim: dict[str, Any] | None = None  # the runner's report of its end, not yet confirmed
     origin: str = "pool"  # pool, local (recorded by the SDK where it ran) or cached (reused)
-    parent: int | None = None  # the pipeline this task is a step of
+    parent: int | None = None  # the task that made this one (a pipeline, for its steps)
     parameters: dict[str, Any] = {}
     events: list[dict[str, Any]] = []
     scalars: list[dict[str, Any]] = []
@@ -224,6 +224,7 @@ class PoolOut(BaseModel):
     free_slots: int | None
     free_gpus: float
     queued: int
+    last_good: float | None  # when the pool last answered well (None: never yet)
     unknown_jobs: list[str]  # jobs with Klique's tag that no task owns: reported, left alone
 
     @classmethod
@@ -231,13 +232,14 @@ class PoolOut(BaseModel):
         state = state or PoolState(pool.name, reachable=False, reason="not polled yet")
         return cls(
             name=pool.name,
-            kind=pool.kind.value,
+            kind=pool.kind,
             description=str(pool.settings.get("description") or ""),
             reachable=state.reachable,
             reason=state.reason,
             free_slots=state.free_slots,
             free_gpus=state.free_gpus,
             queued=state.queued,
+            last_good=state.last_good,
             unknown_jobs=sorted(strangers),
         )
 

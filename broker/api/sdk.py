@@ -7,13 +7,16 @@ controller running as a task); nothing else."""
 
 from __future__ import annotations
 
+import asyncio
 import secrets
+from dataclasses import replace
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
 from fastapi import Path as PathParam
 
-from broker.api.auth import Agent, AgentAuth, scheduler_of
+from broker.api.auth import Actor, ActorAuth, scheduler_of
+from broker.api.create import check_task, new_record, new_task
 from broker.api.schemas import RunIn, TaskOut
 from broker.api.sdk_schemas import (
     CloneIn,
@@ -26,7 +29,6 @@ from broker.api.sdk_schemas import (
     SettingsOut,
     StepOut,
 )
-from broker.api.submission import admit
 from broker.domain import LOCAL_POOL, CodeSpec, Origin, Task, TaskSpec, TaskState
 from broker.errors import KliqueError, NotFound, NotPermitted
 from broker.scheduler.loop import Scheduler
@@ -36,37 +38,37 @@ router = APIRouter(prefix="/api/v1")
 TaskId = Annotated[int, PathParam(ge=1, lt=2**63, description="A task's id.")]
 
 
-def acts_on(agent: Agent, task: Task) -> bool:
+def acts_on(actor: Actor, task: Task) -> bool:
     """The task's owner (or an admin) with a user token, or the task's own report token."""
-    if agent.task is not None:
-        return agent.task == task.id
-    return agent.admin or task.owner == agent.user
+    if actor.task is not None:
+        return actor.task == task.id
+    return actor.admin or task.owner == actor.user
 
 
-def controls(agent: Agent, task: Task) -> bool:
+def controls(actor: Actor, task: Task) -> bool:
     """acts_on, or a pipeline's report token over its steps."""
-    return acts_on(agent, task) or (agent.task is not None and task.parent == agent.task)
+    return acts_on(actor, task) or (actor.task is not None and task.parent == actor.task)
 
 
-def reads(scheduler: Scheduler, agent: Agent, task: Task, name: str | None) -> bool:
+def reads(scheduler: Scheduler, actor: Actor, task: Task, name: str | None) -> bool:
     """controls, or a step's report token on the artifact it was made to read."""
-    if controls(agent, task):
+    if controls(actor, task):
         return True
-    if agent.task is None:
+    if actor.task is None:
         return False
-    inputs = scheduler.store.get(agent.task).inputs
+    inputs = scheduler.store.get(actor.task).inputs
     if name is None:  # a listing: the task is one the step was made to read from
         return any(source == task.id for source, _ in inputs)
     return (task.id, name) in inputs
 
 
-def find(scheduler: Scheduler, task_id: int, agent: Agent, allowed: Any = acts_on) -> Task:
+def find(scheduler: Scheduler, task_id: int, actor: Actor, allowed: Any = acts_on) -> Task:
     """The task, if `allowed`; otherwise the same 404 as a task that does not exist."""
     try:
         task = scheduler.store.get(task_id)
     except NotFound:
         task = None
-    if task is None or not allowed(agent, task):
+    if task is None or not allowed(actor, task):
         raise NotFound(f"no task {task_id} of yours; `klique ls` lists your tasks")
     return task
 
@@ -92,7 +94,7 @@ def _spec(body: RunIn, resource: str, name: str, project: str) -> TaskSpec:
 
 
 @router.get("/sdk/settings")
-def settings(request: Request, agent: AgentAuth) -> SettingsOut:
+def settings(request: Request, actor: ActorAuth) -> SettingsOut:
     estate = scheduler_of(request).estate
     return SettingsOut(
         pipeline_resource=estate.pipeline_resource or estate.default_resource,
@@ -102,13 +104,13 @@ def settings(request: Request, agent: AgentAuth) -> SettingsOut:
 
 
 @router.post("/sdk/tasks", status_code=201)
-def record(body: RecordIn, request: Request, agent: AgentAuth) -> RecordOut:
+def record(body: RecordIn, request: Request, actor: ActorAuth) -> RecordOut:
     """Record a task: run here (no resource), queued on a resource, or reusing outputs."""
     scheduler = scheduler_of(request)
-    parent = _parent(scheduler, body.parent, agent)
+    parent = _parent(scheduler, body.parent, actor)
     for ref in body.inputs:
         if (
-            scheduler.store.artifact(find(scheduler, ref.task, agent, controls).id, ref.name)
+            scheduler.store.artifact(find(scheduler, ref.task, actor, controls).id, ref.name)
             is None
         ):
             raise NotFound(f"task {ref.task} has no artifact {ref.name!r}")
@@ -119,100 +121,93 @@ def record(body: RecordIn, request: Request, agent: AgentAuth) -> RecordOut:
         "inputs": [[ref.task, ref.name] for ref in body.inputs],
         "cache_key": body.cache_key,
     }
-    team = scheduler.estate.team_of(agent.user)
     if body.reuse is not None:
-        return _reuse(scheduler, body, agent, fields)
+        return _reuse(scheduler, body, actor, fields)
     if body.resource is None:
-        return _local(scheduler, body, agent, fields)
-    code = CodeSpec(**body.code.model_dump()) if body.code else None
-    resource = admit(scheduler.estate, body.resource, code, agent.user)
-    spec = _spec(body, resource, body.name, body.project)
-    gpus = scheduler.estate.resources[resource].profile.gpu_share
-    task = scheduler.store.create_task(spec, agent.user, team, gpus=gpus, record=fields)
-    scheduler.wake()
+        return _local(scheduler, body, actor, fields)
+    task = new_task(scheduler, actor, _spec(body, body.resource, body.name, body.project), fields)
     return RecordOut(**_out(task, scheduler).model_dump())
 
 
-def _parent(scheduler: Scheduler, parent: int | None, agent: Agent) -> int | None:
+def _parent(scheduler: Scheduler, parent: int | None, actor: Actor) -> int | None:
     """A report token's tasks are its own task's steps; a user's, under one of the user's."""
-    if agent.task is not None:
-        if parent not in (None, agent.task):
+    if actor.task is not None:
+        if parent not in (None, actor.task):
             raise NotPermitted("a task's token makes steps of its own task only")
-        return agent.task
+        return actor.task
     if parent is not None:
-        find(scheduler, parent, agent)
+        find(scheduler, parent, actor)
     return parent
 
 
-def _local(scheduler: Scheduler, body: RecordIn, agent: Agent, fields: dict[str, Any]) -> RecordOut:
+def _local(scheduler: Scheduler, body: RecordIn, actor: Actor, fields: dict[str, Any]) -> RecordOut:
     """A run outside any pool, recorded RUNNING as it starts and metered on `(local)`."""
-    if agent.task is not None:
+    if actor.task is not None:
         raise NotPermitted(
             "a task inside a Klique job is already recorded; Task.init attaches to it"
         )
     spec = _spec(body, LOCAL_POOL, body.name, body.project)
     token = secrets.token_urlsafe(32)
     fields.update(origin=Origin.LOCAL.value, pool=LOCAL_POOL, report_digest=token_digest(token))
-    task = scheduler.store.create_task(
+    task = new_record(
+        scheduler,
+        actor,
         spec,
-        agent.user,
-        scheduler.estate.team_of(agent.user),
-        state=TaskState.RUNNING,
-        reason="running where it was started (recorded by the SDK)",
-        record=fields,
+        TaskState.RUNNING,
+        "running where it was started (recorded by the SDK)",
+        fields,
     )
     return RecordOut(**_out(task, scheduler).model_dump(), report_token=token)
 
 
-def _reuse(scheduler: Scheduler, body: RecordIn, agent: Agent, fields: dict[str, Any]) -> RecordOut:
+def _reuse(scheduler: Scheduler, body: RecordIn, actor: Actor, fields: dict[str, Any]) -> RecordOut:
     """A step whose code and inputs match a completed one: its outputs, without running."""
     assert body.reuse is not None
-    earlier = find(scheduler, body.reuse, agent, lambda a, t: t.owner == a.user or a.admin)
+    earlier = find(scheduler, body.reuse, actor, lambda a, t: t.owner == a.user or a.admin)
     if earlier.state is not TaskState.COMPLETED:
         raise KliqueError(f"task {earlier.id} is {earlier.state.value}; only completed ones reuse")
     spec = _spec(body, body.resource or earlier.resource, body.name, body.project)
     fields.update(origin=Origin.CACHED.value, pool=earlier.pool)
-    task = scheduler.store.create_task(
+    task = new_record(
+        scheduler,
+        actor,
         spec,
-        agent.user,
-        scheduler.estate.team_of(agent.user),
-        state=TaskState.COMPLETED,
-        reason=f"reused the outputs of task {earlier.id} (same code and inputs)",
-        record=fields,
+        TaskState.COMPLETED,
+        f"reused the outputs of task {earlier.id} (same code and inputs)",
+        fields,
     )
     scheduler.store.copy_artifacts(earlier.id, task.id)
     return RecordOut(**_out(task, scheduler).model_dump())
 
 
 @router.get("/sdk/tasks/{task_id}")
-def get_record(task_id: TaskId, request: Request, agent: AgentAuth) -> TaskOut:
+def get_record(task_id: TaskId, request: Request, actor: ActorAuth) -> TaskOut:
     scheduler = scheduler_of(request)
-    return _out(find(scheduler, task_id, agent, controls), scheduler)
+    return _out(find(scheduler, task_id, actor, controls), scheduler)
 
 
 @router.post("/sdk/tasks/{task_id}/parameters")
 def parameters(
-    task_id: TaskId, body: ParametersIn, request: Request, agent: AgentAuth
+    task_id: TaskId, body: ParametersIn, request: Request, actor: ActorAuth
 ) -> ParametersOut:
     """Record parameters; with overwrite false, the values stored on the task win (a task
     cloned with edited values runs with them, whatever the script's defaults say)."""
     scheduler = scheduler_of(request)
-    task = find(scheduler, task_id, agent)
+    task = find(scheduler, task_id, actor)
     merged = scheduler.store.merge_parameters(task.id, body.values, body.overwrite)
     return ParametersOut(parameters=merged)
 
 
 @router.post("/sdk/tasks/{task_id}/remote")
 def execute_remotely(
-    task_id: TaskId, body: RemoteIn, request: Request, agent: AgentAuth
+    task_id: TaskId, body: RemoteIn, request: Request, actor: ActorAuth
 ) -> TaskOut:
     """A task running locally becomes the same task queued on a compute resource."""
     scheduler = scheduler_of(request)
-    task = _local_task(scheduler, task_id, agent)
-    code = CodeSpec(**body.code.model_dump()) if body.code else None
-    resource = admit(scheduler.estate, body.resource, code, agent.user)
-    run = RunIn(**body.model_dump())
-    spec = _spec(run, resource, task.spec.name, task.spec.project)
+    task = _local_task(scheduler, task_id, actor)
+    resource = body.resource or scheduler.estate.default_resource or ""
+    spec = _spec(RunIn(**body.model_dump()), resource, task.spec.name, task.spec.project)
+    check_task(scheduler, actor, spec)
     from broker.store.repository import _spec_json
 
     stored, diff = _spec_json(spec)
@@ -237,10 +232,10 @@ def execute_remotely(
 
 
 @router.post("/sdk/tasks/{task_id}/end")
-def end(task_id: TaskId, body: EndIn, request: Request, agent: AgentAuth) -> TaskOut:
+def end(task_id: TaskId, body: EndIn, request: Request, actor: ActorAuth) -> TaskOut:
     """A local run ends by its own word: no pool capacity was involved (SECURITY.md 7)."""
     scheduler = scheduler_of(request)
-    task = _local_task(scheduler, task_id, agent)
+    task = _local_task(scheduler, task_id, actor)
     state = TaskState.COMPLETED if body.outcome == "completed" else TaskState.FAILED
     reason = body.reason or ("completed" if body.exit_code in (0, None) else "failed")
     ended = scheduler.store.change_state(
@@ -249,10 +244,10 @@ def end(task_id: TaskId, body: EndIn, request: Request, agent: AgentAuth) -> Tas
     return _out(ended or scheduler.store.get(task.id), scheduler)
 
 
-def _local_task(scheduler: Scheduler, task_id: int, agent: Agent) -> Task:
-    if agent.task is not None:
+def _local_task(scheduler: Scheduler, task_id: int, actor: Actor) -> Task:
+    if actor.task is not None:
         raise NotPermitted("only the owner's own token can send or end a local run")
-    task = find(scheduler, task_id, agent)
+    task = find(scheduler, task_id, actor)
     if task.origin is not Origin.LOCAL:
         raise KliqueError(
             f"task {task.id} runs in pool {task.pool or '(none yet)'}; only a task that runs "
@@ -262,35 +257,27 @@ def _local_task(scheduler: Scheduler, task_id: int, agent: Agent) -> Task:
 
 
 @router.post("/sdk/tasks/{task_id}/clone", status_code=201)
-def clone(task_id: TaskId, body: CloneIn, request: Request, agent: AgentAuth) -> TaskOut:
+def clone(task_id: TaskId, body: CloneIn, request: Request, actor: ActorAuth) -> TaskOut:
     """A new queued task with the same code, packages and parameters (edited)."""
     scheduler = scheduler_of(request)
-    task = find(scheduler, task_id, agent)
+    task = find(scheduler, task_id, actor)
     if task.origin is Origin.LOCAL and task.spec.resource == LOCAL_POOL and not body.resource:
         raise KliqueError(f"task {task.id} ran locally; give the compute resource to run it on")
-    resource = admit(
-        scheduler.estate, body.resource or task.spec.resource, task.spec.code, agent.user
-    )
-    from dataclasses import replace
-
+    resource = body.resource or task.spec.resource
     spec = replace(task.spec, resource=resource, name=body.name or task.spec.name)
     fields = {
         "parameters": {**task.parameters, **body.parameters},
         "packages": list(task.packages),
         "parent_id": None,
     }
-    gpus = scheduler.estate.resources[resource].profile.gpu_share
-    team = scheduler.estate.team_of(agent.user)
-    made = scheduler.store.create_task(spec, agent.user, team, gpus=gpus, record=fields)
-    scheduler.wake()
-    return _out(made, scheduler)
+    return _out(new_task(scheduler, actor, spec, fields), scheduler)
 
 
 @router.get("/sdk/tasks/{task_id}/steps")
-def steps(task_id: TaskId, request: Request, agent: AgentAuth) -> list[StepOut]:
+def steps(task_id: TaskId, request: Request, actor: ActorAuth) -> list[StepOut]:
     """A pipeline's steps, each with the steps whose outputs it reads."""
     scheduler = scheduler_of(request)
-    pipeline = find(scheduler, task_id, agent, controls)
+    pipeline = find(scheduler, task_id, actor, controls)
     return [
         StepOut(
             id=s.id,
@@ -308,10 +295,10 @@ def steps(task_id: TaskId, request: Request, agent: AgentAuth) -> list[StepOut]:
 
 
 @router.post("/sdk/tasks/{task_id}/cancel")
-async def cancel(task_id: TaskId, request: Request, agent: AgentAuth) -> TaskOut:
+async def cancel(task_id: TaskId, request: Request, actor: ActorAuth) -> TaskOut:
     """Cancel a task, or a pipeline's step with the pipeline's own token."""
     scheduler = scheduler_of(request)
-    task = find(scheduler, task_id, agent, controls)
+    task = find(scheduler, task_id, actor, controls)
     if not task.state.final:
         task = await scheduler.cancel(task)
     return _out(task, scheduler)
@@ -320,19 +307,18 @@ async def cancel(task_id: TaskId, request: Request, agent: AgentAuth) -> TaskOut
 @router.get("/sdk/cached")
 def cached(
     request: Request,
-    agent: AgentAuth,
+    actor: ActorAuth,
     key: Annotated[str, Query(pattern=r"^[0-9a-f]{64}$")],
 ) -> TaskOut:
     """The newest completed task of the caller with this cache key (same code and inputs)."""
     scheduler = scheduler_of(request)
-    task = scheduler.store.cached(agent.user, key)
+    task = scheduler.store.cached(actor.user, key)
     if task is None:
         raise NotFound("no completed task with this code and these inputs")
     return _out(task, scheduler)
 
 
-async def cancel_steps(scheduler: Scheduler, pipeline: int) -> None:
-    """Cancelling a pipeline cancels its steps that have not ended."""
-    for step in scheduler.store.children(pipeline):
-        if not step.state.final:
-            await scheduler.cancel(step)
+async def cancel_steps(scheduler: Scheduler, parent: int) -> None:
+    """Cancelling a task cancels the tasks it made (a pipeline's steps) that have not ended."""
+    steps = await asyncio.to_thread(scheduler.store.children, parent)
+    await asyncio.gather(*(scheduler.cancel(s) for s in steps if not s.state.final))

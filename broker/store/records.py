@@ -36,7 +36,7 @@ class RecordMethods:
             return _task(row, with_diff=False) if row is not None else None
 
     def children(self, parent: int) -> list[Task]:
-        """A pipeline's steps, in the order they were made."""
+        """The tasks `parent` made (a pipeline's steps), in the order they were made."""
         from broker.store.repository import _task
 
         query = select(TaskRow).where(TaskRow.parent_id == parent).order_by(TaskRow.id)

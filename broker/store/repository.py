@@ -30,7 +30,14 @@ from broker.domain import (
 )
 from broker.errors import NotFound
 from broker.store.records import RecordMethods
-from broker.store.tables import LedgerRow, ScalarRow, TaskEventRow, TaskRow, TokenRow
+from broker.store.tables import (
+    AgentTokenRow,
+    LedgerRow,
+    ScalarRow,
+    TaskEventRow,
+    TaskRow,
+    TokenRow,
+)
 
 _STAMPS = {
     TaskState.QUEUED: "queued_at",
@@ -237,6 +244,8 @@ class Store(RecordMethods):
                 row.reason = ""  # a reason belongs to the state it explained
             if old != new:
                 row.state = new.value
+                if new.final or new is TaskState.QUEUED:
+                    row.intent = None  # done with, or no longer the pool's to act on
                 stamp = _STAMPS.get(new)
                 if stamp == "queued_at" and row.queued_at is not None:
                     stamp = None  # age counts from the first time it queued (requeues keep it)
@@ -356,6 +365,24 @@ class Store(RecordMethods):
             row = session.get(TokenRow, token_digest(token))
             return (row.user, row.admin) if row else None
 
+    def add_agent_token(self, pools: Sequence[str]) -> str:
+        token = secrets.token_urlsafe(32)
+        with self._tx() as session:
+            session.add(
+                AgentTokenRow(
+                    digest=token_digest(token),
+                    pools=json.dumps(sorted(pools)),
+                    created_at=time.time(),
+                )
+            )
+        return token
+
+    def pools_for_agent_token(self, token: str) -> list[str] | None:
+        """The pools an agent token may act for; None for an unknown token."""
+        with self._sessions() as session:
+            row = session.get(AgentTokenRow, token_digest(token))
+            return list(json.loads(row.pools)) if row else None
+
     def has_admin(self) -> bool:
         with self._sessions() as session:
             return bool(session.scalar(select(func.count()).where(TokenRow.admin.is_(True))))
@@ -410,6 +437,7 @@ def _task(row: TaskRow, with_diff: bool = True) -> Task:
         packages=tuple(json.loads(row.packages or "[]")),
         inputs=tuple((int(i[0]), str(i[1])) for i in json.loads(row.inputs or "[]")),
         cache_key=row.cache_key,
+        intent=row.intent,
         created_at=row.created_at,
         queued_at=row.queued_at,
         submitted_at=row.submitted_at,

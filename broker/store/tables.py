@@ -48,14 +48,17 @@ class TaskRow(Base):
     report_digest: Mapped[str] = mapped_column(String(64), default="", index=True)
     # The runner's own report of how the task ended (JSON): a claim until the pool confirms it.
     claim: Mapped[str | None] = mapped_column(Text, nullable=True)
-    # The SDK's record: where it ran, its pipeline, parameters, packages, the artifacts of
-    # other tasks it was created to read, and the digest of its code and inputs (caching).
+    # The SDK's record: where it ran, its parent (the task that made it: a pipeline for its
+    # steps; a plain link, so any grouping of tasks can use it), parameters, packages, the
+    # artifacts of other tasks it was created to read, and the digest of its code and inputs.
     origin: Mapped[str] = mapped_column(String(16), default="pool")
     parent_id: Mapped[int | None] = mapped_column(Integer, nullable=True, index=True)
     parameters: Mapped[str] = mapped_column(Text, default="{}")
     packages: Mapped[str] = mapped_column(Text, default="[]")
     inputs: Mapped[str] = mapped_column(Text, default="[]")
     cache_key: Mapped[str | None] = mapped_column(String(64), nullable=True, index=True)
+    # What the control plane asks the task's pool agent to do: cancel, or withdraw (spill over).
+    intent: Mapped[str | None] = mapped_column(String(16), nullable=True)
     created_at: Mapped[float] = mapped_column(Float)
     queued_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     submitted_at: Mapped[float | None] = mapped_column(Float, nullable=True)
@@ -83,6 +86,16 @@ class TokenRow(Base):
     digest: Mapped[str] = mapped_column(String(64), primary_key=True)  # sha256 of the token
     user: Mapped[str] = mapped_column(String(64), index=True)
     admin: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+class AgentTokenRow(Base):
+    """A token for `klique agent`: it may act only for the pools it names."""
+
+    __tablename__ = "agent_tokens"
+
+    digest: Mapped[str] = mapped_column(String(64), primary_key=True)  # sha256 of the token
+    pools: Mapped[str] = mapped_column(Text)  # JSON list of pool names
     created_at: Mapped[float] = mapped_column(Float)
 
 

@@ -158,6 +158,6 @@ def test_the_sdks_record_and_artifacts_are_kept_and_the_migration_goes_both_ways
         store.create_task(spec(), "alice", None, state=S.PENDING)
     from alembic import command
 
-    command.downgrade(config(store.engine), "0003")
+    command.downgrade(config(store.engine), "0006_apps")
     command.upgrade(config(store.engine), "head")
     assert store.get(local.id).parameters == {}  # the columns were dropped and made again

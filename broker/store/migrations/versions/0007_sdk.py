@@ -1,15 +1,15 @@
 """the SDK's record: origin, parent, parameters, packages, inputs, cache key; artifacts
 
-Revision ID: 0004_sdk
-Revises: 0003
-Create Date: 2026-11-30 13:00:00.000000
+Revision ID: 0007_sdk
+Revises: 0006_apps
+Create Date: 2026-12-02 12:00:00.000000
 """
 
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0004_sdk"
-down_revision = "0003"
+revision = "0007_sdk"
+down_revision = "0006_apps"
 branch_labels = None
 depends_on = None
 
