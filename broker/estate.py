@@ -14,6 +14,7 @@ from pydantic import Field, TypeAdapter, ValidationError
 
 from broker.domain import (
     AppSettings,
+    ArtifactSettings,
     ComputeResource,
     Estate,
     Limits,
@@ -61,6 +62,12 @@ class DefaultsFile(Strict):
     reclaim_grace: SecondsOrZero = 120
     max_preemptions_per_cycle: Annotated[int, Field(ge=0)] = 8
     starvation: Seconds = 3600
+    pipeline_resource: Name | None = None  # where pipeline controllers run (a CPU resource)
+
+
+class ArtifactsFile(Strict):
+    store: str | None = None  # an fsspec URL or a path; unset: $KLIQUE_HOME/artifacts
+    max_size: SizeMB = 10 * 1024  # MiB
 
 
 class LimitsFile(Strict):
@@ -82,6 +89,7 @@ class RouteFile(Strict):
 class EstateFile(Strict):
     defaults: DefaultsFile = DefaultsFile()
     limits: LimitsFile = LimitsFile()
+    artifacts: ArtifactsFile = ArtifactsFile()
     templates_dir: str | None = None  # the site's batch templates, searched before the built-in
     teams: dict[Name, list[str]] = {}
     resources: dict[Name, ResourceFile] = Field(min_length=1)
@@ -259,14 +267,15 @@ def _cross_check(
     for at, team in quota_teams + route_teams:
         if model.teams and team not in model.teams:
             problems.append((at, f"team {team!r} is not declared; fix: add it under teams:"))
-    if model.defaults.resource and model.defaults.resource not in model.resources:
-        problems.append(
-            (
-                ("defaults", "resource"),
-                f"compute resource {model.defaults.resource!r} "
-                "is not declared; fix: name one under resources:",
+    for key in ("resource", "pipeline_resource"):
+        named = getattr(model.defaults, key)
+        if named and named not in model.resources:
+            problems.append(
+                (
+                    ("defaults", key),
+                    f"compute resource {named!r} is not declared; fix: name one under resources:",
+                )
             )
-        )
     if not problems:
         estate = _build(model, pools, "")
         problems += [(tuple(path.split(".")), message) for path, message in policy_problems(estate)]
@@ -360,6 +369,10 @@ def _build(model: EstateFile, pools: dict[str, PoolSettings], source: str) -> Es
             max_request_bytes=model.limits.max_request * 1024 * 1024,
             max_diff_bytes=model.limits.max_diff * 1024 * 1024,
         ),
+        artifacts=ArtifactSettings(
+            store=model.artifacts.store, max_bytes=model.artifacts.max_size * 1024 * 1024
+        ),
+        pipeline_resource=model.defaults.pipeline_resource,
         templates_dir=model.templates_dir,
         apps=AppSettings(
             catalogue=_beside(source, model.apps.catalogue),

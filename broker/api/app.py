@@ -10,11 +10,13 @@ from fastapi import Path as PathParam
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
+from broker.api import artifacts, sdk
 from broker.api.agents import agent_router
 from broker.api.auth import Auth, Caller, bearer, owned_task, report_token_valid
 from broker.api.create import new_task
 from broker.api.limits import BodyLimit
 from broker.api.schemas import (
+    ArtifactOut,
     LogChunk,
     PoolOut,
     Report,
@@ -28,6 +30,7 @@ from broker.api.schemas import (
     UsageOut,
     WhyOut,
 )
+from broker.artifacts import ArtifactStore
 from broker.domain import CodeSpec, Task, TaskSpec, TaskState
 from broker.errors import KliqueError, NotFound, NotPermitted
 from broker.estate import parse_estate
@@ -69,7 +72,15 @@ def create_app(scheduler: Scheduler, lifespan: Any = None) -> FastAPI:
         description="Submit tasks to compute resources; follow, explain and cancel them.",
     )
     app.state.scheduler = scheduler
-    app.add_middleware(BodyLimit, limit=lambda: scheduler.estate.limits.max_request_bytes)
+    settings = scheduler.estate.artifacts
+    app.state.artifacts = ArtifactStore(settings.store, scheduler.home, settings.max_bytes)
+    app.add_middleware(
+        BodyLimit,
+        limit=lambda: scheduler.estate.limits.max_request_bytes,
+        skip=artifacts.streams_itself,
+    )
+    app.include_router(sdk.router)
+    app.include_router(artifacts.router)
 
     @app.exception_handler(KliqueError)
     async def _klique_error(_request: Request, exc: KliqueError) -> JSONResponse:
@@ -180,6 +191,7 @@ def create_app(scheduler: Scheduler, lifespan: Any = None) -> FastAPI:
         task = await asyncio.to_thread(own_task, task_id, who)
         if not task.state.final:
             task = await scheduler.cancel(task)
+            await sdk.cancel_steps(scheduler, task.id)
         return await asyncio.to_thread(_task_out, task, scheduler)
 
     @app.post(f"{API}/tasks/{{task_id}}/report")
@@ -287,6 +299,8 @@ def _task_out(task: Task, scheduler: Scheduler, detail: bool = False) -> TaskOut
     if detail:
         out.events = scheduler.store.events(task.id)
         out.scalars = scheduler.store.scalars(task.id)
+        out.packages = list(task.packages)
+        out.artifacts = [ArtifactOut(**a) for a in scheduler.store.artifacts(task.id)]
     return out
 
 

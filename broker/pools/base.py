@@ -215,6 +215,7 @@ class PoolDriver(ABC):
             "uv": self.uv_path(task),
             "runtime": self.pool.settings.get("container_runtime"),
             "container_scratch": self.pool.settings.get("container_scratch"),
+            "parameters": task.parameters,
             "app": task.spec.app,  # an application's route and walltime (broker/apps/launch.py)
         }
 
