@@ -79,7 +79,9 @@ def installed_klique(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder.chmod(0o755)
     dist = folder / "dist"
     steps = [
-        [uv, "build", "--wheel", "--out-dir", str(dist), str(ROOT)],
+        # the wheel is built from the sdist, as a package index serves it: never from a
+        # stale build/ folder left in the checkout
+        [uv, "build", "--out-dir", str(dist), str(ROOT)],
         [uv, "venv", "--quiet", "--python", TASK_PY, str(folder / "venv")],
     ]
     for argv in steps:
