@@ -10,7 +10,7 @@ import random
 import time
 from typing import Any
 
-from broker.domain import ComputeResource, Estate, Policy, Pool, PoolKind, Profile
+from broker.domain import ComputeResource, Estate, Policy, Pool, Profile
 from broker.scheduler.placement import (
     ActiveTask,
     PoolState,
@@ -51,9 +51,9 @@ def build_estate(rng: random.Random) -> Estate:
 def _pool(pools: dict[str, Pool], site: int, i: int) -> str:
     name = f"s{site}-p{i}"
     if i < 24:
-        pools[name] = Pool(name, PoolKind.HOST, slots=16, gpus=8, gpu_memory_mb=80_000)
+        pools[name] = Pool(name, "host", slots=16, gpus=8, gpu_memory_mb=80_000)
     else:
-        kind = (PoolKind.SLURM, PoolKind.PBS, PoolKind.LSF)[i % 3]
+        kind = ("slurm", "pbs", "lsf")[i % 3]
         pools[name] = Pool(name, kind, max_queued=20, max_wait_s=1800)
     return name
 
@@ -72,7 +72,7 @@ def _policy(rng: random.Random, team: int, resources: list[str]) -> Policy:
 def pool_states(rng: random.Random, estate: Estate) -> dict[str, PoolState]:
     states = {}
     for name, pool in estate.pools.items():
-        if pool.kind.queueing:
+        if pool.queueing:
             states[name] = PoolState(
                 name, free_gpus=rng.choice([0, 0, 2, 8]), queued=rng.randint(0, 10)
             )

@@ -332,6 +332,8 @@ def resources(as_json: bool) -> None:
 def pools(as_json: bool) -> None:
     """List the pools and what they reported last."""
     rows = Client().get("/pools")
+    if not as_json:
+        rows = [dict(row, last_good=when(row.get("last_good"))) for row in rows]
     listing(
         rows,
         as_json,
@@ -339,6 +341,7 @@ def pools(as_json: bool) -> None:
             ("name", "POOL"),
             ("kind", "KIND"),
             ("reachable", "UP"),
+            ("last_good", "LAST GOOD ANSWER"),
             ("free_slots", "FREE SLOTS"),
             ("free_gpus", "FREE GPUS"),
             ("queued", "QUEUED"),
@@ -361,14 +364,16 @@ def demo(stop: bool) -> None:
 
 
 def _register_platform_commands() -> None:
-    from broker import cli_platform
+    from broker import cli_apps, cli_platform
 
+    main.add_command(cli_apps.app)
     for command in (
         cli_platform.estate,
         cli_platform.token,
         cli_platform.template,
         cli_platform.usage,
         cli_platform.policy,
+        cli_platform.agent,
     ):
         main.add_command(command)
 

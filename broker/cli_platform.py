@@ -46,12 +46,37 @@ def estate_check(path: str, file_only: bool) -> None:
         f"{path}: ok ({len(loaded.resources)} compute resources, {len(loaded.pools)} pools, "
         f"{len(loaded.policies)} policies, {len(loaded.teams)} teams)"
     )
+    for line in _templates_used(loaded):
+        click.echo(line)
+
+
+def _templates_used(estate: Estate) -> list[str]:
+    """Which template file each compute resource's script comes from, on each batch pool."""
+    from broker.pools.base import Context
+    from broker.pools.batch import BatchDriver
+    from broker.pools.registry import make_driver
+
+    context = Context(estate, config.home(), Path("klique-runner.pyz"), None)
+    lines = []
+    for name, resource in estate.resources.items():
+        for pool_name in resource.profile.pools:
+            pool = estate.pools[pool_name]
+            if not pool.queueing:
+                continue
+            driver = make_driver(pool, context)
+            assert isinstance(driver, BatchDriver)
+            try:
+                where = str(driver.template(name).path)
+            except KliqueError as exc:
+                where = f"none: {exc}"
+            lines.append(f"template for {name} on {pool_name}: {where}")
+    return lines
 
 
 async def _pool_problems(estate: Estate) -> list[str]:
     """The pools' own start-up checks, run from here: job roots, interpreters, accounts."""
     from broker.pools.base import Context
-    from broker.server import make_driver
+    from broker.pools.registry import make_driver
 
     if os.geteuid() != 0:
         click.echo(
@@ -63,9 +88,9 @@ async def _pool_problems(estate: Estate) -> list[str]:
     context = Context(estate, config.home(), Path("klique-runner.pyz"), None)
     problems: list[str] = []
     for name, pool in estate.pools.items():
-        if not pool.kind.queueing and not pool.user_map.maps_anyone:
+        if not pool.queueing and not pool.user_map.maps_anyone:
             continue  # a single-user pool: which account it serves is the server's own
-        driver = make_driver(pool.kind)(pool, context)
+        driver = make_driver(pool, context)
         try:
             found = await asyncio.wait_for(driver.check(), 30)
         except (KliqueError, TimeoutError) as exc:
@@ -107,7 +132,7 @@ def token_create(
     as_json: bool,
 ) -> None:
     """Print a new token for USER, or for the service user --service NAME (admin only)."""
-    from broker.estate import parse_duration_s
+    from broker.units import parse_duration_s
 
     if bool(user) == bool(service):
         raise click.UsageError("give either USER or --service NAME")
@@ -160,6 +185,54 @@ def token_revoke(token_ids: tuple[str, ...]) -> None:
     for token_id in token_ids:
         done = client.post(f"/tokens/{token_id}/revoke")
         click.echo(f"token {done['id']} of {done['user']} revoked")
+
+
+@token.command("create-agent")
+@click.option("--pool", "pools", multiple=True, required=True, help="A pool it serves.")
+def token_create_agent(pools: tuple[str, ...]) -> None:
+    """Print a new token for `klique agent`: it may act only for these pools (declared
+    `agent: remote`)."""
+    click.echo(Client().post("/agent-tokens", {"pools": list(pools)})["token"])
+
+
+@click.command()
+@click.option("--pool", help="The pool to serve (declared `agent: remote`).")
+@click.option("--server", help="The control plane's URL.")
+@click.option(
+    "--install-helper",
+    "helper_path",
+    type=click.Path(dir_okay=False),
+    help="Install the helper program a sudo transport runs (root-owned, mode 755) and exit.",
+)
+@click.option(
+    "--token-file",
+    type=click.Path(dir_okay=False, exists=True),
+    help="A file holding the agent token (default: $KLIQUE_AGENT_TOKEN).",
+)
+def agent(
+    pool: str | None, server: str | None, token_file: str | None, helper_path: str | None
+) -> None:
+    """Serve one pool from its login node: submit, follow and report its tasks."""
+    import logging
+
+    from broker.agent import install_helper, serve_pool
+
+    if helper_path:
+        click.echo(f"installed {install_helper(Path(helper_path))}")
+        return
+    if not pool or not server:
+        raise KliqueError("give --pool NAME and --server URL (or --install-helper PATH)")
+    token = (
+        Path(token_file).read_text().strip() if token_file else os.environ.get("KLIQUE_AGENT_TOKEN")
+    )
+    if not token:
+        raise KliqueError(
+            "no agent token; fix: make one with `klique token create-agent --pool "
+            f"{pool}` and pass it with --token-file FILE or $KLIQUE_AGENT_TOKEN"
+        )
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per request
+    asyncio.run(serve_pool(pool, server, token, config.home()))
 
 
 @click.group()

@@ -84,18 +84,6 @@ def transition(old: TaskState, new: TaskState) -> TaskState:
     return new
 
 
-class PoolKind(enum.StrEnum):
-    HOST = "host"
-    SLURM = "slurm"
-    PBS = "pbs"
-    LSF = "lsf"
-
-    @property
-    def queueing(self) -> bool:
-        """Has a scheduler queue of its own (Slurm, PBS, LSF) rather than fixed slots."""
-        return self is not PoolKind.HOST
-
-
 @dataclass(frozen=True)
 class Profile:
     """The allocation a compute resource names, and the pools that may serve it, in order.
@@ -111,6 +99,15 @@ class Profile:
     cpus: int = 1
     memory_mb: int = 1024
     walltime_s: int = 3600
+
+    @property
+    def whole_gpus(self) -> int:
+        """GPUs as a batch scheduler allocates them, and as placement counts them on a batch
+        pool: whole GPUs, where a fraction or an amount of GPU memory takes one. (Host pools
+        pack fractions and memory onto their GPUs; batch schedulers do not.)"""
+        if self.gpus:
+            return self.gpus
+        return 1 if (self.gpu_fraction or self.gpu_memory_mb) else 0
 
     @property
     def gpu_share(self) -> float:
@@ -158,7 +155,8 @@ class Pool:
     """Nodes in one place. `settings` holds the kind's own options (partition, queue, ...)."""
 
     name: str
-    kind: PoolKind
+    kind: str  # a registered pool kind (broker/pools/registry.py): host, slurm, pbs, lsf, ...
+    queueing: bool = False  # has a scheduler queue of its own, rather than fixed slots
     user_map: UserMap = field(default_factory=UserMap)
     slots: int = 1  # host pools: concurrent tasks
     gpus: int = 0  # host pools: GPUs on the host
@@ -200,6 +198,26 @@ class Limits:
 
 
 @dataclass(frozen=True)
+class StaticRoute:
+    """A route the platform team made: it outlives the endpoints launched behind it and spreads
+    requests over every live one. `teams` may call it; `apps` may serve it (empty: any endpoint)."""
+
+    name: str
+    teams: tuple[str, ...] = ()
+    apps: tuple[str, ...] = ()
+    created_by: str = "estate"
+
+
+@dataclass(frozen=True)
+class AppSettings:
+    """The estate's `apps:` section: where the app catalogue is, and the running-apps quotas."""
+
+    catalogue: str | None = None  # a folder of app files; None: the built-in catalogue
+    max_running: int | None = None  # apps running at once, company-wide
+    max_running_per_team: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class Estate:
     """Everything the platform team declares: the validated content of the estate file."""
 
@@ -214,8 +232,12 @@ class Estate:
     max_preemptions_per_cycle: int = 8
     starvation_s: float = 3600.0  # a task waiting longer goes first and pins a host pool
     limits: Limits = field(default_factory=Limits)
+    templates_dir: str | None = None  # the site's batch templates, searched before the built-in
+    apps: AppSettings = field(default_factory=AppSettings)
+    routes: dict[str, StaticRoute] = field(default_factory=dict)
     source: str = "<built-in>"
     identity: IdentityFile | None = None  # single sign-on, LDAP, group -> team
+    text: str = ""  # the file as written: `klique agent` builds the same estate from it
 
     def team_of(self, user: str) -> str | None:
         for team in self.teams.values():
@@ -255,6 +277,8 @@ class TaskSpec:
     requirements: tuple[str, ...] = ()
     requirements_file: str | None = None  # in the code: requirements.txt, pyproject.toml, uv.lock
     image: str | None = None
+    kind: str = "batch"  # or "application": an app from the catalogue, reached through a route
+    app: dict[str, Any] | None = None  # an application's launch: see broker/apps/launch.py
 
 
 @dataclass(frozen=True)
@@ -279,6 +303,7 @@ class Task:
     attempts: int = 0
     diff_bytes: int = 0
     claim: dict[str, Any] | None = None  # the runner's report of its outcome, not yet confirmed
+    intent: str | None = None  # asked of the pool's agent: "cancel" or "withdraw"
     created_at: float = 0.0
     queued_at: float | None = None
     submitted_at: float | None = None

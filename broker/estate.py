@@ -2,79 +2,36 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import re
+from dataclasses import replace
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Union
 
 import yaml
-from pydantic import (
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Discriminator,
-    Field,
-    Tag,
-    ValidationError,
-)
+from pydantic import Field, TypeAdapter, ValidationError
 
 from broker.domain import (
+    AppSettings,
     ComputeResource,
     Estate,
     Limits,
     Policy,
     Pool,
-    PoolKind,
     Profile,
+    StaticRoute,
     Team,
     UserMap,
 )
 from broker.errors import EstateError
 from broker.identity.config import IdentityFile, identity_problems
-
-_SIZE_UNITS = {"": 1, "k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 * 1024}
-_TIME_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-
-
-def parse_size_mb(value: object) -> int:
-    """'16G', '512M', '1.5T' or a number of MiB -> MiB."""
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return int(value)
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*", str(value), re.IGNORECASE)
-    if not match:
-        raise ValueError(f"{value!r} is not a size; fix: write it like 512M, 16G or 1T")
-    return int(float(match[1]) * _SIZE_UNITS[match[2].lower()])
+from broker.pools.registry import kinds
+from broker.pools.settings import PoolSettings, UserMapRule
+from broker.units import Name, Seconds, SecondsOrZero, SizeMB, Strict
 
 
-def parse_duration_s(value: object) -> int:
-    """'90s', '30m', '4h', '2d', 'HH:MM:SS', 'MM:SS' or a number of seconds -> seconds."""
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return int(value)
-    text = str(value).strip()
-    if re.fullmatch(r"\d+(:\d{1,2}){1,2}", text):
-        seconds = 0
-        for part in text.split(":"):
-            seconds = seconds * 60 + int(part)
-        return seconds  # HH:MM:SS or MM:SS, as Slurm reads --time
-    match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([smhd])", text, re.IGNORECASE)
-    if not match:
-        raise ValueError(
-            f"{value!r} is not a duration; fix: write it like 90s, 30m, 4h, 2d or 04:00:00"
-        )
-    return int(float(match[1]) * _TIME_UNITS[match[2].lower()])
-
-
-SizeMB = Annotated[int, BeforeValidator(parse_size_mb), Field(ge=0)]
-Seconds = Annotated[int, BeforeValidator(parse_duration_s), Field(gt=0)]
-SecondsOrZero = Annotated[int, BeforeValidator(parse_duration_s), Field(ge=0)]
-Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")]
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class ProfileFile(_Strict):
+class ProfileFile(Strict):
     gpus: int = Field(0, ge=0)
     gpu_fraction: float | None = Field(None, gt=0, lt=1)
     gpu_memory: SizeMB | None = None
@@ -84,89 +41,21 @@ class ProfileFile(_Strict):
     pools: list[Name] = Field(min_length=1)
 
 
-class ResourceFile(_Strict):
+class ResourceFile(Strict):
     description: str = ""
     profile: ProfileFile
     extra_directives: list[str] = []
     skip_directives: list[str] = []
 
 
-class TransportFile(_Strict):
-    kind: Literal["local", "ssh"] = "local"
-    host: str = "127.0.0.1"
-    port: int = 22
-    known_hosts: str | None = None
-    client_keys: list[str] = []
-
-
-class UserMapRuleFile(_Strict):
-    """`user_map: {rule: same-name, deny: [...]}`: a user maps to the account of the same name."""
-
-    rule: Literal["same-name"]
-    deny: list[str] = []
-
-
-def _user_map_form(value: Any) -> str:
-    if isinstance(value, UserMapRuleFile) or (isinstance(value, dict) and "rule" in value):
-        return "rule"
-    return "map"
-
-
-UserMapField = Annotated[
-    Annotated[UserMapRuleFile, Tag("rule")] | Annotated[dict[str, str], Tag("map")],
-    Discriminator(_user_map_form),
-]
-
-
-class PoolFile(_Strict):
-    kind: PoolKind
-    description: str = ""
-    user_map: UserMapField = {}
-    slots: int = Field(1, ge=1)
-    gpus: int = Field(0, ge=0)
-    gpu_memory: SizeMB = 0
-    max_queued: int = Field(100, ge=1)
-    max_wait: Seconds | None = None
-    template: str | None = None
-    extra_directives: list[str] = []
-    skip_directives: list[str] = []
-    # Batch pools: where and how jobs are submitted.
-    transport: TransportFile = TransportFile()
-    job_root: str | None = None
-    partition: str | None = None
-    queue: str | None = None
-    account: str | None = None
-    qos: str | None = None
-    gpu_flag: Literal["gres", "gpus"] = "gres"
-    dialect: Literal["pbspro", "torque"] = "pbspro"
-    poll_interval: Seconds = 10
-    lost_after: Seconds = 120
-    accounting: Literal["none", "slurmdbd", "jobcomp"] = "none"
-    query_account: str | None = None
-    status_per_account: bool | None = None  # unset: one query, per account if others are hidden
-    bjobs_json: bool = True  # LSF before 10.1 Fix Pack 2 has no `bjobs -json`: set false
-    requeue_preempted: bool = False
-    submit_concurrency: int = Field(8, ge=1, le=64)  # submissions in flight at once
-    # Where and with what the runner runs on the nodes.
-    python: str | None = None
-    cache_dir: str | None = None
-    uv: str | None = None
-    # Tasks with an image: the runtime that runs them (null: what the node has), and the
-    # node-local folder for unpacked containers and runtime caches.
-    container_runtime: (
-        Literal["charliecloud", "apptainer", "singularity", "enroot", "pyxis"] | None
-    ) = None
-    container_scratch: str | None = None
-
-
-class PolicyFile(_Strict):
+class PolicyFile(Strict):
     resources: list[Name] = Field(min_length=1)
     reservation: dict[str, Annotated[int, Field(ge=0)]] = {}
     limit: dict[str, Annotated[int, Field(ge=0)]] = {}
     priority: int = 0
 
 
-class DefaultsFile(_Strict):
+class DefaultsFile(Strict):
     resource: Name | None = None
     fair_share_half_life: Seconds = 7 * 86400
     min_run: SecondsOrZero = 600
@@ -175,19 +64,34 @@ class DefaultsFile(_Strict):
     starvation: Seconds = 3600
 
 
-class LimitsFile(_Strict):
+class LimitsFile(Strict):
     max_request: SizeMB = 32  # MiB
     max_diff: SizeMB = 16  # MiB
 
 
-class EstateFile(_Strict):
+class AppsFile(Strict):
+    catalogue: str | None = None  # a folder of app files, relative to this file; null: built-in
+    max_running: Annotated[int, Field(ge=0)] | None = None
+    max_running_per_team: dict[Name, Annotated[int, Field(ge=0)]] = {}
+
+
+class RouteFile(Strict):
+    teams: list[Name] = []
+    apps: list[Name] = []
+
+
+class EstateFile(Strict):
     defaults: DefaultsFile = DefaultsFile()
     limits: LimitsFile = LimitsFile()
+    templates_dir: str | None = None  # the site's batch templates, searched before the built-in
     teams: dict[Name, list[str]] = {}
     resources: dict[Name, ResourceFile] = Field(min_length=1)
-    pools: dict[Name, PoolFile] = Field(min_length=1)
+    # Each pool is checked against its kind's own settings model (see _pools).
+    pools: dict[Name, dict[str, Any]] = Field(min_length=1)
     policies: dict[Name, PolicyFile] = {}
     identity: IdentityFile | None = None
+    apps: AppsFile = AppsFile()
+    routes: dict[Name, RouteFile] = {}
 
 
 _FIXES = {
@@ -208,6 +112,8 @@ _FIXES = {
     "greater_than": "give a larger value",
     "less_than": "give a smaller value",
     "too_short": "give at least one entry",
+    "union_tag_invalid": "use one of the pool kinds: {kinds}",
+    "union_tag_not_found": "add kind: with one of the pool kinds: {kinds}",
 }
 
 
@@ -218,7 +124,11 @@ def load_estate(path: str | os.PathLike[str]) -> Estate:
         text = Path(path).read_text()
     except OSError as exc:
         raise EstateError([f"{source}: cannot read the estate file: {exc.strerror}"]) from exc
-    return parse_estate(text, source)
+    estate = parse_estate(text, source)
+    from broker.apps.catalogue import load_catalogue
+
+    load_catalogue(estate)  # its own errors name the app file and line
+    return estate
 
 
 def parse_estate(text: str, source: str = "<estate>") -> Estate:
@@ -228,14 +138,47 @@ def parse_estate(text: str, source: str = "<estate>") -> Estate:
         raise EstateError(
             [f"{source}:1: the estate file must be a mapping with resources: and pools:"]
         )
+    problems: list[str] = []
     try:
         model = EstateFile.model_validate(data)
     except ValidationError as exc:
-        raise EstateError([_describe(err, lines) for err in exc.errors()]) from None
-    problems = [lines.error(path, message) for path, message in _cross_check(model)]
+        problems += [_describe(err, lines) for err in exc.errors()]
+    pools: dict[str, PoolSettings] = {}
+    if isinstance(data.get("pools"), dict):
+        pools, found = _pools(data["pools"], lines)
+        problems += found
     if problems:
         raise EstateError(problems)
-    return _build(model, source)
+    problems = [lines.error(path, message) for path, message in _cross_check(model, pools)]
+    if problems:
+        raise EstateError(problems)
+    return replace(_build(model, pools, source), text=text)
+
+
+@functools.cache
+def _pool_settings() -> TypeAdapter[dict[str, PoolSettings]]:
+    """Every registered kind's settings model, told apart by `kind`."""
+    models = tuple(spec.settings for spec in kinds().values())
+    union: Any = Annotated[Union[models], Field(discriminator="kind")]  # noqa: UP007
+    return TypeAdapter(dict[str, union])
+
+
+def _pools(raw: dict[str, Any], lines: _LineMap) -> tuple[dict[str, PoolSettings], list[str]]:
+    """Each pool against its own kind's model: errors name the pool's field, not the kind."""
+    try:
+        return _pool_settings().validate_python(raw), []
+    except ValidationError as exc:
+        errors = []
+        for err in exc.errors():
+            loc = list(err["loc"])
+            if len(loc) > 1 and loc[1] in kinds():  # the union's tag: not a field of the file
+                del loc[1]
+            if err["type"] in ("union_tag_invalid", "union_tag_not_found"):
+                tag = err.get("ctx", {}).get("tag")
+                loc.append("kind")
+                err = {**err, "msg": f"unknown pool kind {tag!r}" if tag else "is required"}
+            errors.append(_describe({**err, "loc": ("pools", *loc)}, lines))
+        return {}, errors
 
 
 def _describe(err: Any, lines: _LineMap) -> str:
@@ -246,6 +189,7 @@ def _describe(err: Any, lines: _LineMap) -> str:
     if err["type"] == "value_error":  # Klique's own validators say the fix themselves
         return lines.error(path, message)
     fix = _FIXES.get(err["type"], "see examples/estate.yaml for the format")
+    fix = fix.format(kinds=", ".join(sorted(kinds())))
     if err["type"] in ("enum", "literal_error") and "expected" in err.get("ctx", {}):
         fix = f"use one of {err['ctx']['expected']}"
     return lines.error(path, f"{message}; fix: {fix}")
@@ -260,16 +204,18 @@ def _untagged(path: tuple[str, ...]) -> tuple[str, ...]:
     return path
 
 
-def _cross_check(model: EstateFile) -> list[tuple[tuple[str, ...], str]]:
+def _cross_check(
+    model: EstateFile, pools: dict[str, PoolSettings]
+) -> list[tuple[tuple[str, ...], str]]:
     from broker.scheduler.policy_check import policy_problems
 
     problems: list[tuple[tuple[str, ...], str]] = []
-    known_pools = ", ".join(model.pools)
+    known_pools = ", ".join(pools)
     for name, resource in model.resources.items():
         profile = resource.profile
         at = ("resources", name, "profile")
         for i, pool_ref in enumerate(profile.pools):
-            if pool_ref not in model.pools:
+            if pool_ref not in pools:
                 problems.append(
                     (
                         (*at, "pools", str(i)),
@@ -301,57 +247,8 @@ def _cross_check(model: EstateFile) -> list[tuple[tuple[str, ...], str]]:
                     "0.25, 0.375, 0.5, 0.625, 0.75 or 0.875",
                 )
             )
-    for pool_name, pool in model.pools.items():
-        if pool.kind.queueing and pool.job_root is None:
-            problems.append(
-                (
-                    ("pools", pool_name),
-                    "a batch pool needs job_root: a folder on the shared "
-                    "filesystem that the mapped accounts can write; fix: add job_root",
-                )
-            )
-        if not pool.kind.queueing and pool.user_map and pool.job_root is None:
-            problems.append(
-                (
-                    ("pools", pool_name),
-                    "a host pool with a user_map needs job_root: a folder outside the server's "
-                    "home that the mapped accounts share, with the sticky bit; fix: add job_root "
-                    "and create it with `install -d -m 1777 PATH`",
-                )
-            )
-        explicit = pool.user_map if isinstance(pool.user_map, dict) else {}
-        if isinstance(pool.user_map, UserMapRuleFile) and not pool.query_account:
-            problems.append(
-                (
-                    ("pools", pool_name, "user_map"),
-                    "a user_map rule names no account in advance; fix: add query_account: an "
-                    "ordinary account that the pool's start-up checks and status queries run as",
-                )
-            )
-        for user, account in explicit.items():
-            if account == "root" or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}", account):
-                problems.append(
-                    (
-                        ("pools", pool_name, "user_map", user),
-                        f"{account!r} is not an ordinary Linux account name (Klique never runs "
-                        "tasks as root); fix: map the user to the account it logs in with",
-                    )
-                )
-        if pool.container_runtime == "pyxis" and pool.kind is not PoolKind.SLURM:
-            problems.append(
-                (
-                    ("pools", pool_name, "container_runtime"),
-                    "pyxis is a Slurm plugin (srun --container-image); fix: use it on a slurm "
-                    "pool, or choose apptainer, enroot or charliecloud",
-                )
-            )
-        if pool.transport.kind == "ssh" and pool.transport.known_hosts is None:
-            problems.append(
-                (
-                    ("pools", pool_name, "transport"),
-                    "an ssh transport needs known_hosts; fix: give the path of a known_hosts file",
-                )
-            )
+    for pool_name, pool in pools.items():
+        problems += [(("pools", pool_name, *at), what) for at, what in _pool_problems(pool)]
     for team, policy in model.policies.items():
         if model.teams and team not in model.teams:
             problems.append(
@@ -367,6 +264,13 @@ def _cross_check(model: EstateFile) -> list[tuple[tuple[str, ...], str]]:
                     )
                 )
     problems += [(path[:-1], path[-1]) for path in identity_problems(model.identity, model.teams)]
+    quota_teams = [
+        (("apps", "max_running_per_team", t), t) for t in model.apps.max_running_per_team
+    ]
+    route_teams = [(("routes", n, "teams"), t) for n, r in model.routes.items() for t in r.teams]
+    for at, team in quota_teams + route_teams:
+        if model.teams and team not in model.teams:
+            problems.append((at, f"team {team!r} is not declared; fix: add it under teams:"))
     if model.defaults.resource and model.defaults.resource not in model.resources:
         problems.append(
             (
@@ -376,12 +280,62 @@ def _cross_check(model: EstateFile) -> list[tuple[tuple[str, ...], str]]:
             )
         )
     if not problems:
-        estate = _build(model, "")
+        estate = _build(model, pools, "")
         problems += [(tuple(path.split(".")), message) for path, message in policy_problems(estate)]
     return problems
 
 
-def _build(model: EstateFile, source: str) -> Estate:
+def _pool_problems(pool: PoolSettings) -> list[tuple[tuple[str, ...], str]]:
+    """What a pool's settings model alone cannot say: settings that go together."""
+    problems: list[tuple[tuple[str, ...], str]] = []
+    queueing = kinds()[pool.kind].queueing
+    if queueing and pool.job_root is None:
+        problems.append(
+            (
+                (),
+                "a batch pool needs job_root: a folder on the shared filesystem that the "
+                "mapped accounts can write; fix: add job_root",
+            )
+        )
+    if not queueing and pool.user_map and pool.job_root is None:
+        problems.append(
+            (
+                (),
+                "a host pool with a user_map needs job_root: a folder outside the server's "
+                "home that the mapped accounts share, with the sticky bit; fix: add job_root "
+                "and create it with `install -d -m 1777 PATH`",
+            )
+        )
+    if isinstance(pool.user_map, UserMapRule) and not pool.query_account:
+        problems.append(
+            (
+                ("user_map",),
+                "a user_map rule names no account in advance; fix: add query_account: an "
+                "ordinary account that the pool's start-up checks and status queries run as",
+            )
+        )
+    explicit = pool.user_map if isinstance(pool.user_map, dict) else {}
+    for user, account in explicit.items():
+        if account == "root" or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}", account):
+            problems.append(
+                (
+                    ("user_map", user),
+                    f"{account!r} is not an ordinary Linux account name (Klique never runs "
+                    "tasks as root); fix: map the user to the account it logs in with",
+                )
+            )
+    transport = getattr(pool, "transport", None)
+    if transport is not None and transport.kind == "ssh" and transport.known_hosts is None:
+        problems.append(
+            (
+                ("transport",),
+                "an ssh transport needs known_hosts; fix: give the path of a known_hosts file",
+            )
+        )
+    return problems
+
+
+def _build(model: EstateFile, pools: dict[str, PoolSettings], source: str) -> Estate:
     resources = {
         name: ComputeResource(
             name=name,
@@ -400,7 +354,7 @@ def _build(model: EstateFile, source: str) -> Estate:
         )
         for name, r in model.resources.items()
     }
-    pools = {name: _build_pool(name, p) for name, p in model.pools.items()}
+    built = {name: _build_pool(name, p) for name, p in pools.items()}
     policies = {
         team: Policy(
             team=team,
@@ -414,7 +368,7 @@ def _build(model: EstateFile, source: str) -> Estate:
     teams = {name: Team(name=name, users=tuple(users)) for name, users in model.teams.items()}
     return Estate(
         resources=resources,
-        pools=pools,
+        pools=built,
         policies=policies,
         teams=teams,
         default_resource=model.defaults.resource or next(iter(resources)),
@@ -427,45 +381,53 @@ def _build(model: EstateFile, source: str) -> Estate:
             max_request_bytes=model.limits.max_request * 1024 * 1024,
             max_diff_bytes=model.limits.max_diff * 1024 * 1024,
         ),
+        templates_dir=model.templates_dir,
+        apps=AppSettings(
+            catalogue=_beside(source, model.apps.catalogue),
+            max_running=model.apps.max_running,
+            max_running_per_team=dict(model.apps.max_running_per_team),
+        ),
+        routes={
+            name: StaticRoute(name, tuple(r.teams), tuple(r.apps))
+            for name, r in model.routes.items()
+        },
         source=source,
         identity=model.identity,
     )
 
 
-def _build_pool(name: str, p: PoolFile) -> Pool:
-    if isinstance(p.user_map, UserMapRuleFile):
-        user_map = UserMap(rule=p.user_map.rule, deny=frozenset(p.user_map.deny))
-    else:
-        accounts = dict(p.user_map)
-        user_map = UserMap(accounts, accounts.pop("default", None))
-    settings = p.model_dump(
-        exclude={
-            "kind",
-            "user_map",
-            "slots",
-            "gpus",
-            "gpu_memory",
-            "max_queued",
-            "max_wait",
-            "template",
-            "extra_directives",
-            "skip_directives",
-        }
-    )
+def _beside(source: str, folder: str | None) -> str | None:
+    """A folder named in the estate, relative to the estate file's own folder."""
+    if folder is None or os.path.isabs(folder) or not os.path.isfile(source):
+        return folder
+    return os.path.join(os.path.dirname(os.path.abspath(source)), folder)
+
+
+def _build_pool(name: str, p: PoolSettings) -> Pool:
+    """The domain's Pool: the fields placement reads, and the kind's own settings."""
+    settings = p.model_dump(exclude={"kind", "user_map"})
     return Pool(
         name=name,
         kind=p.kind,
-        user_map=user_map,
-        slots=p.slots,
-        gpus=p.gpus,
-        gpu_memory_mb=p.gpu_memory,
-        max_queued=p.max_queued,
-        max_wait_s=p.max_wait,
-        template=p.template,
-        extra_directives=tuple(p.extra_directives),
-        skip_directives=tuple(p.skip_directives),
+        queueing=kinds()[p.kind].queueing,
+        user_map=_user_map(p),
+        slots=settings.pop("slots", 1),
+        gpus=settings.pop("gpus", 0),
+        gpu_memory_mb=settings.pop("gpu_memory", 0),
+        max_queued=settings.pop("max_queued", 100),
+        max_wait_s=settings.pop("max_wait", None),
+        template=settings.pop("template", None),
+        extra_directives=tuple(settings.pop("extra_directives", ())),
+        skip_directives=tuple(settings.pop("skip_directives", ())),
         settings=settings,
     )
+
+
+def _user_map(p: PoolSettings) -> UserMap:
+    if isinstance(p.user_map, UserMapRule):
+        return UserMap(rule=p.user_map.rule, deny=frozenset(p.user_map.deny))
+    accounts = dict(p.user_map)
+    return UserMap(accounts, accounts.pop("default", None))
 
 
 def builtin_estate_text(slots: int | None = None, pool_lines: str = "") -> str:

@@ -21,6 +21,7 @@ class Preview:
     script: str
     checks: list[str]
     ok: bool
+    template: Path  # the file the script was rendered from (the site's, or a built-in one)
 
 
 def sample_task(estate: Estate, resource: str, owner: str | None = None) -> Task:
@@ -53,7 +54,7 @@ def _first_user(estate: Estate, resource: str) -> str:
 
 
 def driver_for(estate: Estate, resource: str, pool: str | None) -> BatchDriver:
-    from broker.server import make_driver
+    from broker.pools.registry import make_driver
 
     _known(estate, resource)
     order = estate.resources[resource].profile.pools
@@ -61,9 +62,9 @@ def driver_for(estate: Estate, resource: str, pool: str | None) -> BatchDriver:
     for name in candidates:
         if name not in estate.pools:
             raise NotFound(f"unknown pool {name!r}; known: {', '.join(estate.pools)}")
-        if estate.pools[name].kind.queueing:
+        if estate.pools[name].queueing:
             context = Context(estate, Path("."), Path("klique-runner.pyz"), None)
-            driver = make_driver(estate.pools[name].kind)(estate.pools[name], context)
+            driver = make_driver(estate.pools[name], context)
             assert isinstance(driver, BatchDriver)
             return driver
     raise KliqueError(
@@ -75,13 +76,14 @@ def driver_for(estate: Estate, resource: str, pool: str | None) -> BatchDriver:
 def render_preview(estate: Estate, task: Task, pool: str | None, check: bool) -> Preview:
     driver = driver_for(estate, task.resource, pool)
     script = driver.render(task)
+    template = driver.template(task.resource).path
     if not check:
-        return Preview(driver.pool.name, script, [], True)
+        return Preview(driver.pool.name, script, [], True, template)
     checks, ok = _bash_n(script)
     if ok:
         more, ok = asyncio.run(_test_only(driver, task, script))
         checks += more
-    return Preview(driver.pool.name, script, checks, ok)
+    return Preview(driver.pool.name, script, [f"template: {template}", *checks], ok, template)
 
 
 def _bash_n(script: str) -> tuple[list[str], bool]:
@@ -102,7 +104,7 @@ async def _test_only(driver: BatchDriver, task: Task, script: str) -> tuple[list
         await driver.transport.make_dir(driver.job_root, account=account)
         await driver.transport.write_file(path, script.encode(), account=account, mode=0o755)
         done = await driver.transport.run(argv, account=account, timeout=30)
-        await driver.transport.run(["rm", "-f", path], account=account, timeout=30)
+        await driver.transport.remove(path, account=account)
     except KliqueError as exc:
         return [f"{argv[0]}: not checked, the pool is not reachable: {exc}"], True
     finally:

@@ -16,29 +16,13 @@ from fastapi import FastAPI
 
 from broker.api.app import create_app
 from broker.config import write_private
-from broker.domain import Estate, PoolKind
-from broker.pools.base import Context, PoolDriver
-from broker.pools.host import HostDriver
+from broker.domain import Estate
+from broker.pools.base import Context
+from broker.pools.registry import make_driver
 from broker.scheduler.loop import Scheduler
 from broker.store.repository import Store
 
 log = logging.getLogger("klique.server")
-
-
-def make_driver(kind: PoolKind) -> type[PoolDriver]:
-    if kind is PoolKind.HOST:
-        return HostDriver
-    if kind is PoolKind.SLURM:
-        from broker.pools.slurm import SlurmDriver
-
-        return SlurmDriver
-    if kind is PoolKind.PBS:
-        from broker.pools.pbs import PbsDriver
-
-        return PbsDriver
-    from broker.pools.lsf import LsfDriver
-
-    return LsfDriver
 
 
 def build_runner(home: Path) -> Path:
@@ -78,7 +62,11 @@ def build_app(
     estate: Estate, store: Store, home: Path, api_url: str, interval_s: float = 0.5
 ) -> FastAPI:
     context = Context(estate=estate, home=home, runner=build_runner(home), api_url=api_url)
-    drivers = {name: make_driver(p.kind)(p, context) for name, p in estate.pools.items()}
+    drivers = {
+        name: make_driver(p, context)
+        for name, p in estate.pools.items()
+        if p.settings.get("agent") != "remote"  # served by `klique agent` on its login node
+    }
     scheduler = Scheduler(store, estate, drivers, home, interval_s=interval_s)
 
     @asynccontextmanager
@@ -94,7 +82,11 @@ def build_app(
                 await driver.close()
             store.close()
 
-    return create_app(scheduler, lifespan=lifespan)
+    app = create_app(scheduler, lifespan=lifespan)
+    from broker.mcp.server import mount_mcp
+
+    mount_mcp(app, os.environ.get("KLIQUE_PUBLIC_URL") or api_url)
+    return app
 
 
 def serve(estate: Estate, home: Path, db_url: str, host: str, port: int) -> None:

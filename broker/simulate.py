@@ -233,6 +233,7 @@ class _PoolIn(_TraceModel):
     queued: int = Field(0, ge=0)
     reachable: bool = True
     reason: str = ""
+    last_good: float | None = None
 
 
 class _TraceIn(_TraceModel):

@@ -1,15 +1,19 @@
-"""Batch templates: Jinja2 over templates/<kind>/, every value shell-quoted unless marked safe.
+"""Batch templates: Jinja2 over `<kind>/` folders, every value shell-quoted unless marked safe.
 
 A compute resource's template is `<kind>/<resource>.sh.j2`, falling back to the pool's
-named template, then `<kind>/default.sh.j2`. Templates may include shared partials.
+named template, then `<kind>/default.sh.j2`. The site's own folder (the estate's
+`templates_dir`) is searched first, with the same fallbacks, then the templates that ship in
+this package (broker/batch_templates/); templates may include shared partials from either.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 import re
 import shlex
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +23,7 @@ from markupsafe import Markup
 from broker.errors import TemplateError
 from broker.names import has_control
 
-TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
+BUILT_IN = Path(__file__).resolve().parent / "batch_templates"
 
 # What a directive may contain: validated values only, never free text (matched whole).
 _DIRECTIVE = re.compile(r"--?[A-Za-z][A-Za-z0-9_-]*([= ][A-Za-z0-9_.,:=/%@+\[\]\"-]+)?")
@@ -34,16 +38,62 @@ def _quote(value: Any) -> str:
     if has_control(text):
         raise TemplateError(
             f"value {text!r} holds a control character and cannot enter a batch script; "
-            "fix: only validated names reach templates (see templates/README.md)"
+            "fix: only validated names reach templates (see broker/batch_templates/README.md)"
         )
     return text if isinstance(value, Markup) else shlex.quote(text)
 
 
+@dataclass(frozen=True)
+class TemplateFile:
+    """The template a compute resource uses on a pool: its name, and the file it is."""
+
+    name: str  # <kind>/<file>.sh.j2, as includes and the loader name it
+    path: Path
+    root: int = 0  # which of the search roots holds it
+
+    @property
+    def key(self) -> str:
+        """Its name for the environment: this very file, whatever the other roots hold."""
+        return f"{self.root}/{self.name}"
+
+
+def search_roots(site: str | None) -> tuple[Path, ...]:
+    """Where templates are looked for: the site's folder first, then the built-in ones."""
+    return (Path(site).expanduser(), BUILT_IN) if site else (BUILT_IN,)
+
+
+class _SearchPath(jinja2.FileSystemLoader):
+    """Folders searched in order, where a compiled template stays good only while it is both
+    unchanged and still the first match (a site may add a template, or a partial, at any time)."""
+
+    def get_source(
+        self, environment: jinja2.Environment, template: str
+    ) -> tuple[str, str, Callable[[], bool]]:
+        source, filename, uptodate = super().get_source(environment, template)
+
+        def still_first() -> bool:
+            return bool(uptodate is None or uptodate()) and self._first(template) == filename
+
+        return source, filename, still_first
+
+    def _first(self, template: str) -> str | None:
+        for root in self.searchpath:
+            path = os.path.normpath(os.path.join(root, *template.split("/")))
+            if os.path.isfile(path):
+                return path
+        return None
+
+
 @functools.lru_cache(maxsize=16)
-def environment(root: Path = TEMPLATES) -> jinja2.Environment:
-    """One environment per folder, kept: it caches compiled templates (reloaded when edited)."""
+def environment(roots: tuple[Path, ...] = (BUILT_IN,)) -> jinja2.Environment:
+    """One environment per search path, kept: it caches compiled templates (reloaded when
+    edited)."""
+    exact = {str(i): jinja2.FileSystemLoader(str(root)) for i, root in enumerate(roots)}
     env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(root)),
+        # "<root>/<kind>/<file>" names one file; includes search the roots in order.
+        loader=jinja2.ChoiceLoader(
+            [jinja2.PrefixLoader(exact), _SearchPath([str(root) for root in roots])]
+        ),
         undefined=jinja2.StrictUndefined,
         finalize=_quote,
         autoescape=False,  # noqa: S701 - shell quoting is done by finalize, not HTML escaping
@@ -64,32 +114,38 @@ def safe_directive(directive: str, origin: str) -> Markup:
     return Markup(directive)  # noqa: S704 - checked just above
 
 
-def template_name(
-    kind: str, resource: str, pool_template: str | None, root: Path = TEMPLATES
+def find_template(
+    kind: str, resource: str, pool_template: str | None, roots: tuple[Path, ...] = (BUILT_IN,)
+) -> TemplateFile:
+    """The first of `<kind>/<resource>`, the pool's template and `<kind>/default`, in the
+    site's folder, then in the built-in one."""
+    candidates = [f"{kind}/{resource}.sh.j2", f"{kind}/default.sh.j2"]
+    if pool_template:
+        candidates.insert(1, f"{kind}/{pool_template}.sh.j2")
+    for index, root in enumerate(roots):
+        for candidate in candidates:
+            if (root / candidate).is_file():
+                return TemplateFile(candidate, root / candidate, index)
+    where = " or ".join(str(root / kind / "default.sh.j2") for root in roots)
+    raise TemplateError(f"no batch template for {kind}: add {where}")
+
+
+def render(
+    template: TemplateFile, context: Mapping[str, Any], roots: tuple[Path, ...] = (BUILT_IN,)
 ) -> str:
-    for candidate in (
-        f"{kind}/{resource}.sh.j2",
-        f"{kind}/{pool_template}.sh.j2" if pool_template else None,
-        f"{kind}/default.sh.j2",
-    ):
-        if candidate and (root / candidate).is_file():
-            return candidate
-    raise TemplateError(f"no batch template for {kind}: add {root / kind / 'default.sh.j2'}")
-
-
-def render(name: str, context: Mapping[str, Any], root: Path = TEMPLATES) -> str:
     """Render a template; an error names the template file and line."""
     try:
-        return environment(root).get_template(name).render(**context)
+        return environment(roots).get_template(template.key).render(**context)
     except jinja2.TemplateSyntaxError as exc:
-        raise TemplateError(f"{exc.filename or name}:{exc.lineno}: {exc.message}") from exc
+        raise TemplateError(f"{exc.filename or template.path}:{exc.lineno}: {exc.message}") from exc
     except jinja2.UndefinedError as exc:
         raise TemplateError(
-            f"{root / name}:{_template_line(exc)}: {exc.message}; fix: use only "
-            f"the variables listed in templates/README.md"
+            f"{template.path}:{_template_line(exc)}: {exc.message}; fix: use only "
+            f"the variables listed in {BUILT_IN / 'README.md'}"
         ) from exc
     except jinja2.TemplateNotFound as exc:
-        raise TemplateError(f"template {exc.name} not found under {root}") from exc
+        places = ", ".join(str(root) for root in roots)
+        raise TemplateError(f"template {exc.name} not found under {places}") from exc
 
 
 def _template_line(exc: BaseException) -> int | str:

@@ -5,21 +5,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import io
 import os
 import pwd
 import re
 import shlex
 import signal
 import socket
-import tarfile
-import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import asyncssh
 
+from broker import fileops
 from broker.domain import Pool
 from broker.errors import CommandFailed, NotPermitted, TransportError
 
@@ -28,29 +26,6 @@ _ACCOUNT = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # The broker's own environment (database URLs, tokens) must not reach users' commands.
 _PASSED_ENV = ("PATH", "LANG", "LC_ALL", "TZ", "SLURM_CONF", "PBS_CONF_FILE", "LSF_ENVDIR")
-# A file's content and mode reach the shell as data ("$1", "$2"), never as script text.
-_WRITE = (
-    'set -e; tmp=$(mktemp "$1.XXXXXX"); trap \'rm -f "$tmp"\' EXIT; '
-    'cat >"$tmp"; chmod "$2" "$tmp"; mv -f "$tmp" "$1"; trap - EXIT'
-)
-_READ = 'test -e "$1" || exit 3; tail -c +"$2" -- "$1" | head -c "$3"'
-# Several files at once: a tar stream on stdin, modes kept (-p), mtimes now (-m); then the
-# command that follows, if any, in the same process. The folder must be new: `mkdir` without -p
-# fails on any existing name (a folder, a link, a file someone planted), and -m 700 makes it
-# private from the first instant.
-_UNPACK_FAILED = 125
-_UNPACK_WORDS = "klique: the files above could not be written"
-_UNPACK = (  # umask 077: what the command then starts (a batch job) creates is private too
-    f'umask 077; mkdir -m 700 -- "$1" && tar -x -m -p -f - -C "$1" || '
-    f'{{ echo "{_UNPACK_WORDS}" >&2; exit {_UNPACK_FAILED}; }}; shift; [ "$#" -eq 0 ] || exec "$@"'
-)
-# Several files read at once, as a tar stream: each read once, links stored as links (never
-# followed), missing files skipped.
-_COLLECT = 'exec tar -c -f - --ignore-failed-read --warning=no-failed-read -- "$@" 2>/dev/null'
-# A folder of the account's own, created private if missing; anything else there is refused.
-_PRIVATE_DIR = 'mkdir -m 700 -- "$1" 2>/dev/null; test -d "$1" && test ! -L "$1" && test -O "$1"'
-_FILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
-_MISSING = 3
 _Env = Mapping[str, str] | None
 
 
@@ -81,6 +56,8 @@ def make_transport(pool: Pool) -> Transport:
     conf = pool.settings.get("transport")
     if not isinstance(conf, Mapping) or conf.get("kind", "local") == "local":
         return LocalTransport()
+    if conf.get("kind") == "sudo":
+        return SudoTransport(str(conf.get("helper") or "/usr/local/libexec/klique-helper"))
     mapped = [*pool.user_map.accounts.values(), pool.user_map.default]
     query = pool.settings.get("query_account") or next((a for a in mapped if a), None)
     known_hosts = conf.get("known_hosts")
@@ -138,31 +115,6 @@ def _with_env(argv: Sequence[str], env: _Env, clean: bool = False) -> list[str]:
     return ["env", *(["-i"] if clean else []), "--", *variables, *argv]
 
 
-def _tar(files: Mapping[str, tuple[bytes, int]]) -> bytes:
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.USTAR_FORMAT) as archive:
-        for name, (data, mode) in files.items():
-            info = tarfile.TarInfo(name)
-            info.size, info.mode, info.mtime = len(data), mode, int(time.time())
-            archive.addfile(info, io.BytesIO(data))
-    return buffer.getvalue()
-
-
-def _untar(data: bytes) -> dict[str, bytes]:
-    found: dict[str, bytes] = {}
-    if not data:
-        return found
-    try:
-        with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as archive:
-            for member in archive:
-                content = archive.extractfile(member) if member.isreg() else None
-                if content is not None:
-                    found["/" + member.name.lstrip("/")] = content.read()
-    except tarfile.TarError as exc:
-        raise TransportError(f"a file listing could not be read: {exc}") from exc
-    return found
-
-
 def _absolute(path: str) -> str:
     if not path.startswith("/"):
         raise TransportError(f"path {path!r} must be absolute")
@@ -187,9 +139,13 @@ class Transport(ABC):
         raw = await self._exec(argv, account, stdin, timeout, env)
         return Completed(raw.returncode, raw.out.decode(errors="replace"), raw.err)
 
+    def op(self, name: str, *args: str) -> list[str]:
+        """The argv of one file operation (broker/fileops.py): a shell script by default."""
+        return ["sh", "-c", fileops.SCRIPTS[name], "sh", *args]
+
     async def write_file(self, path: str, data: bytes, *, account: str, mode: int = 0o644) -> None:
         """Write atomically (a temporary name in the same folder, then rename), owned by account."""
-        argv = ["sh", "-c", _WRITE, "sh", _absolute(path), f"{mode:o}"]
+        argv = self.op("write", _absolute(path), f"{mode:o}")
         done = await self.run(argv, account=account, stdin=data)
         if done.returncode:
             raise CommandFailed(
@@ -203,23 +159,27 @@ class Transport(ABC):
         *,
         account: str,
         then: Sequence[str] = (),
+        then_stdin: str | None = None,
         timeout: float = 60.0,
     ) -> Completed:
-        """Make `folder`, write `files` (name -> (data, mode)) into it, then run `then` if given,
-        all as account in one command: one process (or SSH session) instead of one per step.
+        """Make `folder` (new), write `files` (name -> (data, mode)) into it, then run `then` if
+        given (its stdin the file `then_stdin` of the folder), all as account in one command:
+        one process (or SSH session) instead of one per step.
 
         Returns how `then` ended; raises CommandFailed when the files could not be written.
         """
-        bad = [name for name in files if not _FILE_NAME.fullmatch(name)]
+        bad = [name for name in files if not fileops.FILE_NAME.fullmatch(name)]
         if bad:
             raise TransportError(f"file names {bad!r} must be plain names inside {folder}")
-        argv = ["sh", "-c", _UNPACK, "sh", _absolute(folder), *then]
-        done = await self.run(argv, account=account, stdin=_tar(files), timeout=timeout)
+        extra = [f"--stdin={_absolute(folder)}/{then_stdin}"] if then and then_stdin else []
+        argv = self.op("unpack", _absolute(folder), *extra, *then)
+        done = await self.run(argv, account=account, stdin=fileops.tar_of(files), timeout=timeout)
+        words = fileops.UNPACK_WORDS
         unpacked = not (
-            done.returncode == _UNPACK_FAILED and done.stderr.rstrip().endswith(_UNPACK_WORDS)
+            done.returncode == fileops.UNPACK_FAILED and done.stderr.rstrip().endswith(words)
         )
         if not unpacked or (done.returncode and not then):
-            words = done.stderr.strip().removesuffix(_UNPACK_WORDS).strip()
+            words = done.stderr.strip().removesuffix(words).strip()
             raise CommandFailed(
                 f"could not write {', '.join(files)} into {folder} as {account} on {self.host}: "
                 f"{words or f'exit {done.returncode}'}"
@@ -227,7 +187,7 @@ class Transport(ABC):
         return done
 
     async def make_dir(self, path: str, *, account: str) -> None:
-        done = await self.run(["mkdir", "-p", "--", _absolute(path)], account=account)
+        done = await self.run(self.op("mkdir", _absolute(path)), account=account)
         if done.returncode:
             raise CommandFailed(
                 f"could not make {path} as {account} on {self.host}: {done.stderr.strip()}"
@@ -241,9 +201,9 @@ class Transport(ABC):
         account = account or self.default_account
         if account is None:
             raise TransportError(f"reading {path} on {self.host} needs an account")
-        argv = ["sh", "-c", _READ, "sh", _absolute(path), str(offset + 1), str(limit)]
+        argv = self.op("read", _absolute(path), str(offset + 1), str(limit))
         done = await self._exec(argv, account, None, 60.0, None)
-        if done.returncode == _MISSING:
+        if done.returncode == fileops.MISSING:
             return None
         if done.returncode:
             raise TransportError(f"could not read {path} as {account} on {self.host}: {done.err}")
@@ -254,22 +214,39 @@ class Transport(ABC):
         links and anything else are left out."""
         if not paths:
             return {}
-        argv = ["sh", "-c", _COLLECT, "sh", *(_absolute(p) for p in paths)]
+        argv = self.op("collect", *(_absolute(p) for p in paths))
         done = await self._exec(argv, account, None, 60.0, None)
         if done.returncode:
             raise TransportError(
                 f"could not read {len(paths)} files as {account} on {self.host}: {done.err}"
             )
-        return _untar(done.out)
+        return fileops.untar(done.out)
 
     async def private_dir(self, path: str, *, account: str) -> None:
         """Make `path` a folder of account's own (mode 700), or refuse what is already there."""
-        done = await self.run(["sh", "-c", _PRIVATE_DIR, "sh", _absolute(path)], account=account)
+        done = await self.run(self.op("private-dir", _absolute(path)), account=account)
         if done.returncode:
             raise CommandFailed(
                 f"{path} on {self.host} is not a private folder of {account} (it is a link, or "
                 "owned by another account); fix: remove it, and never share it between accounts"
             )
+
+    async def mode(self, path: str, *, account: str) -> int:
+        """The permission bits of `path` as account sees them (links followed)."""
+        done = await self.run(self.op("mode", _absolute(path)), account=account, timeout=30)
+        if done.returncode or not done.stdout.strip().isdigit():
+            raise CommandFailed(
+                f"{path} cannot be used by {account} on {self.host}: {done.stderr.strip()}"
+            )
+        return int(done.stdout.strip(), 8)
+
+    async def executable(self, path: str, *, account: str) -> bool:
+        done = await self.run(self.op("executable", _absolute(path)), account=account)
+        return done.returncode == 0
+
+    async def remove(self, path: str, *, account: str) -> None:
+        """Remove a file of the account's (not a folder); nothing when it is not there."""
+        await self.run(self.op("remove", _absolute(path)), account=account, timeout=30)
 
     async def signal(self, targets: Sequence[str], sig: str, *, account: str) -> None:
         """Send a signal as account: its kernel rights decide which processes it reaches.
@@ -329,11 +306,17 @@ class LocalTransport(Transport):
         except OSError as exc:
             raise TransportError(f"cannot run `{_shown(full)}` on {self.host}: {exc}") from exc
 
+    def _command(self, argv: Sequence[str], account: str, env: _Env) -> tuple[list[str], str]:
+        """The full argv that runs `argv` as account, and the folder to start it in."""
+        home = pwd.getpwnam(account).pw_dir
+        return [*self._as_account(account), *_with_env(argv, env)], (
+            home if os.path.isdir(home) else "/"
+        )
+
     async def _exec(
         self, argv: Sequence[str], account: str, stdin: bytes | None, timeout: float, env: _Env
     ) -> _Raw:
-        full = [*self._as_account(account), *_with_env(argv, env)]
-        home = pwd.getpwnam(account).pw_dir
+        full, cwd = self._command(argv, account, env)
         try:
             proc = await asyncio.create_subprocess_exec(
                 *full,
@@ -341,7 +324,7 @@ class LocalTransport(Transport):
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
                 env={k: os.environ[k] for k in _PASSED_ENV if k in os.environ},
-                cwd=home if os.path.isdir(home) else "/",
+                cwd=cwd,
                 start_new_session=True,  # so a timeout can kill the whole process group
             )
         except OSError as exc:
@@ -353,6 +336,36 @@ class LocalTransport(Transport):
             raise _timed_out(argv, account, self.host, timeout) from None
         assert proc.returncode is not None
         return _Raw(proc.returncode, out, err.decode(errors="replace"))
+
+
+class SudoTransport(LocalTransport):
+    """This host through `sudo -n -u ACCOUNT`, for an agent that runs as an unprivileged
+    service account. Its sudoers rule allows the scheduler's commands and one helper program
+    (broker/helper.py) for the file operations, and nothing else: no shell, no `env`."""
+
+    def __init__(self, helper: str) -> None:
+        super().__init__()
+        self.helper = helper
+
+    def op(self, name: str, *args: str) -> list[str]:
+        return [self.helper, name, *args]
+
+    def _as_account(self, account: str) -> list[str]:
+        check_account(account)
+        return ["sudo", "-n", "-u", account, "--"]
+
+    def _command(self, argv: Sequence[str], account: str, env: _Env) -> tuple[list[str], str]:
+        if env:
+            raise TransportError(
+                "a sudo transport passes no environment of its own; set what the scheduler's "
+                "commands need in the sudoers rule (env_keep)"
+            )
+        return [*self._as_account(account), *argv], "/"
+
+    async def spawn(
+        self, argv: Sequence[str], *, account: str, env: Mapping[str, str], log: str
+    ) -> asyncio.subprocess.Process:
+        raise TransportError("host pools start their runners with runuser, not sudo")
 
 
 async def _kill_group(proc: asyncio.subprocess.Process) -> None:

@@ -21,6 +21,15 @@ PYXIS_MARKER = "KLIQUE_CONTAINER"
 RUNNER_PATH = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+class AppRun:
+    """An app's run on this node: the port it serves, and what its route's tunnel sends it."""
+
+    def __init__(self, port: int, upstream_headers: dict[str, str], ready_path: str) -> None:
+        self.port = port
+        self.upstream_headers = upstream_headers
+        self.ready_path = ready_path
+
+
 class Prepared:
     """What to start, with which environment, where; and the environment's in-use lock."""
 
@@ -30,6 +39,7 @@ class Prepared:
         self.cwd = cwd
         self.env_lock: FileLock | None = None
         self.env_info: dict | None = None
+        self.app: AppRun | None = None
         self.cleanup: list[Callable[[], None]] = []  # what to undo once the task has ended
 
 
@@ -47,6 +57,8 @@ def prepare(spec: TaskSpec, console: Console) -> Prepared:
     if runtime == "pyxis":
         _check_inside_pyxis(spec)
     prepared.env = task_environment(spec, venv, grant, runtime)
+    if spec.app is not None:
+        prepared.app = app_run(spec, prepared)
     if runtime is not None and runtime != "pyxis":
         from inside_job import launch
 
@@ -56,6 +68,29 @@ def prepare(spec: TaskSpec, console: Console) -> Prepared:
             clean_up(prepared)
             raise
     return prepared
+
+
+def app_run(spec: TaskSpec, prepared: Prepared) -> AppRun:
+    """A free port on the node and a secret for this run, put where the app's definition says:
+    `{port}` in the command and env, `{secret}` in env and the route's upstream headers only
+    (never on the command line, which other accounts on the node can read)."""
+    import secrets
+    import socket
+
+    assert spec.app is not None
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = str(probe.getsockname()[1])
+    secret = secrets.token_urlsafe(32)
+
+    def fill(text: str) -> str:
+        return text.replace("{port}", port).replace("{secret}", secret)
+
+    prepared.argv = [arg.replace("{port}", port) for arg in prepared.argv]
+    prepared.env.update({k: fill(v) for k, v in spec.app.env.items()})
+    prepared.env["KLIQUE_APP_PORT"] = port
+    headers = {k: fill(v) for k, v in spec.app.upstream_headers.items()}
+    return AppRun(int(port), headers, fill(spec.app.ready_path))
 
 
 def clean_up(prepared: Prepared) -> None:

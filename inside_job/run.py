@@ -12,8 +12,10 @@ from inside_job.errors import SetupFailed
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from inside_job.jobfiles import Console
     from inside_job.prepare import Prepared
     from inside_job.reporter import Reporter
+    from inside_job.spec import TaskSpec
 
 
 class Run:
@@ -26,6 +28,7 @@ class Run:
         self.started: float | None = None
         self.forwarder = process.SignalForwarder(on_stop=self._on_stop)
         self.run_limit: int | None = None  # the scheduler's run-limit warning, once known
+        self.spec: TaskSpec | None = None
 
     def publish(self, state: str, pid: int | None = None) -> None:
         status = jobfiles.status(state, pid)
@@ -39,6 +42,7 @@ class Run:
             from inside_job import spec as task_spec
 
             spec = task_spec.load(self.job_dir)
+            self.spec = spec
             self._expect_run_limit(spec.scheduler)
             if spec.report is not None:
                 from inside_job.reporter import Reporter
@@ -69,12 +73,24 @@ class Run:
         pid = process.spawn(self.forwarder, prepared.argv, prepared.env, prepared.cwd, fd)
         self.started = time.time()
         self.publish("running", pid)
-        wait_status = process.wait(pid)
+        app = self._start_app(prepared, pid)
+        try:
+            wait_status = process.wait(pid)
+        finally:
+            if app is not None:
+                app.stop()
         stop = self.forwarder.stop_signal()
         res = outcome.classify(wait_status, stop, self.job_dir, self.run_limit)
+        if app is not None and app.walltime_hit and stop is None:
+            res = outcome.result(res["exit_code"], "timeout", app.walltime_reason(), res["signal"])
         if prepared.env_info is not None:
             res["environment"] = prepared.env_info
         return res
+
+    def _start_app(self, prepared: Prepared, pid: int) -> AppRunning | None:
+        if prepared.app is None or self.spec is None:
+            return None
+        return AppRunning(self.spec, prepared, pid, self.console)
 
     def _on_stop(self, signum: int) -> None:
         # Written now in case the scheduler kills the runner before the task has ended; the
@@ -91,6 +107,55 @@ class Run:
             self.reporter.close(final)
         self.console.close()
         return int(final["exit_code"])
+
+
+class AppRunning:
+    """An app's route tunnel, and its walltime: the run ends at walltime_s, as a timeout."""
+
+    KILL_GRACE_S = 10.0
+
+    def __init__(self, spec: TaskSpec, prepared: Prepared, pid: int, console: Console) -> None:
+        import threading
+
+        assert spec.app is not None and prepared.app is not None
+        self.walltime_s = spec.app.walltime_s
+        self.walltime_hit = False
+        self.pid = pid
+        self.tunnel = None
+        if spec.report is None:
+            console.say("route: the server is not reachable from this job, so its route is closed")
+        else:
+            from inside_job.tunnel import Tunnel, tunnel_url
+
+            app = prepared.app
+            url = tunnel_url(spec.report.url, spec.id)
+            self.tunnel = Tunnel(
+                url, spec.report.token, app.port, app.upstream_headers, app.ready_path, console
+            )
+            self.tunnel.start()
+        self.timer = None
+        if self.walltime_s:
+            self.timer = threading.Timer(self.walltime_s, self._out_of_time)
+            self.timer.daemon = True
+            self.timer.start()
+
+    def _out_of_time(self) -> None:
+        self.walltime_hit = True
+        for signum, delay in ((signal.SIGTERM, self.KILL_GRACE_S), (signal.SIGKILL, 0.0)):
+            try:
+                os.killpg(self.pid, signum)
+            except ProcessLookupError:
+                return
+            time.sleep(delay)
+
+    def walltime_reason(self) -> str:
+        return f"ran past its walltime ({self.walltime_s} s); the app was stopped"
+
+    def stop(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+        if self.tunnel is not None:
+            self.tunnel.stop()
 
 
 def run(job_dir: str) -> int:

@@ -35,6 +35,19 @@ class ReportSpec:
         self.token: str = _opt_str(raw, "token", "report.") or ""
 
 
+class AppSpec:
+    """An application task's app: its route's tunnel, the secret's places, its walltime."""
+
+    def __init__(self, raw: dict) -> None:
+        self.name: str = _opt_str(raw, "name", "app.") or ""
+        self.env: dict[str, str] = _env(raw.get("env"))
+        self.upstream_headers: dict[str, str] = _env(raw.get("upstream_headers"))
+        self.ready_path: str = _opt_str(raw, "ready_path", "app.") or "/"
+        if not self.ready_path.startswith("/"):
+            raise SpecError("app.ready_path: must start with /")
+        self.walltime_s: int | None = _opt_int(raw, "walltime_s")
+
+
 class TaskSpec:
     """Every field of task.json version 1 that the runner uses."""
 
@@ -57,6 +70,8 @@ class TaskSpec:
         self.report: ReportSpec | None = (
             ReportSpec(_dict(report, "report")) if report is not None else None
         )
+        app = raw.get("app")
+        self.app: AppSpec | None = AppSpec(_dict(app, "app")) if app is not None else None
         self.cache_setting: str | None = _opt_str(raw, "cache_dir")  # the pool's cache_dir
         self._cache: str | None = None
         self.uv: str | None = _opt_str(raw, "uv")

@@ -22,9 +22,12 @@ from click.testing import CliRunner, Result
 sys.path.insert(0, str(Path(__file__).parent))
 
 from conftest_services import (  # noqa: E402, F401
+    SERVICE_MARKERS,
     ldap_url,
     oidc_url,
     postgres_url,
+    services_on,
+    skip_reason,
     slurm_cluster,
     sshd,
     test_users,
@@ -33,6 +36,18 @@ from conftest_services import (  # noqa: E402, F401
 from broker.cli import main  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests of an opt-in marker are skipped, saying why in one line, unless turned on."""
+    if services_on():
+        return
+    for item in items:
+        needs = [what for marker, what in SERVICE_MARKERS.items() if marker in item.keywords]
+        if needs:
+            item.add_marker(pytest.mark.skip(reason=skip_reason(" and ".join(needs))))
+
+
 FINAL = {"completed", "failed", "cancelled", "timeout", "lost"}
 # Tasks run as the mapped accounts (alice, bob), which cannot enter a private venv: their
 # commands use the system's interpreter, as a task on a real node would.

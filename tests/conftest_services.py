@@ -14,8 +14,29 @@ import pytest
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 
 
+# The markers of tests that need a real service; off unless turned on (they may install
+# packages and start daemons): `make test` sets KLIQUE_REQUIRE_SERVICES=1.
+SERVICE_MARKERS = {
+    "slurm": "the real Slurm cluster",
+    "postgres": "PostgreSQL",
+    "ssh": "sshd on loopback",
+    "chaos": "the chaos suite (it stops and starts services)",
+}
+
+
+def services_on() -> bool:
+    return "1" in (os.environ.get("KLIQUE_REQUIRE_SERVICES"), os.environ.get("KLIQUE_SERVICES"))
+
+
+def skip_reason(what: str) -> str:
+    return f"needs {what}: run `make test`, or scripts/services-up then KLIQUE_SERVICES=1 pytest"
+
+
 def run_script(name: str, *args: str, timeout: float = 900) -> str:
-    """Run scripts/NAME and return the last line it printed; fail with its output otherwise."""
+    """Run scripts/NAME and return the last line it printed; fail with its output otherwise.
+    Services that are not turned on are never started (their scripts may install packages)."""
+    if name != "test-users" and not services_on():
+        pytest.skip(skip_reason(f"the service of scripts/{name}"))
     script = SCRIPTS / name
     if not script.exists():
         message = f"{script} is absent, so the service it starts is not available"

@@ -1,16 +1,18 @@
 """The REST API (OpenAPI at /docs and /openapi.json). Thin: validation, auth, the store."""
 
-import hmac
+import asyncio
 import time
 from pathlib import Path
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request
+from fastapi import FastAPI, Header, HTTPException, Query, Request
 from fastapi import Path as PathParam
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
-from broker.api.auth import make_caller
+from broker.api.agents import agent_router
+from broker.api.auth import Auth, Caller, bearer, owned_task, report_token_valid
+from broker.api.create import new_task
 from broker.api.identity import identity_router
 from broker.api.limits import BodyLimit
 from broker.api.schemas import (
@@ -29,11 +31,10 @@ from broker.api.schemas import (
 from broker.domain import CodeSpec, Task, TaskSpec, TaskState
 from broker.errors import KliqueError, NotFound, NotPermitted
 from broker.estate import parse_estate
-from broker.identity.resolve import Caller, Identities
+from broker.identity.resolve import Identities
 from broker.scheduler.fairshare import UsageRow, decayed_usage
 from broker.scheduler.loop import HOLDING, Scheduler, _active
 from broker.simulate import Trace, queued_of, simulate
-from broker.store.repository import token_digest
 from broker.usage import Run, UsageKey, summarise
 from inside_job.reporter import decode_prefix
 
@@ -58,7 +59,6 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 TaskId = Annotated[int, PathParam(ge=1, lt=2**63, description="A task's id.")]
 _LOG_CHUNK = 1 << 20
-_NO_TASK = token_digest("")  # compared against when the id is unknown: the same work either way
 
 
 def create_app(scheduler: Scheduler, lifespan: Any = None) -> FastAPI:
@@ -78,19 +78,24 @@ def create_app(scheduler: Scheduler, lifespan: Any = None) -> FastAPI:
         return JSONResponse({"detail": str(exc)}, status_code=status)
 
     identities = Identities(scheduler.store, lambda: scheduler.estate)
-    caller = make_caller(identities)
-    Auth = Annotated[Caller, Depends(caller)]
-    app.include_router(identity_router(identities, caller, API))
+    app.state.identities = identities  # broker/api/auth.py finds callers through it
+    app.include_router(identity_router(identities, API))
+
+    def admin(who: Auth) -> Caller:
+        if not who.admin:
+            raise NotPermitted("only an admin token can do this; ask the platform team")
+        return who
+
+    app.include_router(agent_router(scheduler, admin))
 
     def own_task(task_id: int, who: Caller) -> Task:
-        task = scheduler.store.get(task_id)
-        if task.owner != who.user and not who.admin:
-            raise NotFound(f"no task {task_id} of yours; `klique ls` lists your tasks")
-        return task
+        return owned_task(scheduler.store, task_id, who)
 
     @app.get(f"{API}/health")
     def health() -> dict[str, Any]:
-        return {"ok": True, "cycles": scheduler.cycles}
+        """Up; placement cycles run, and each pool agent's looks at its pool."""
+        looks = {name: agent.looks for name, agent in scheduler.agents.items()}
+        return {"ok": True, "cycles": scheduler.cycles, "looks": looks}
 
     @app.get(f"{API}/whoami")
     def whoami(who: Auth) -> dict[str, Any]:
@@ -105,31 +110,9 @@ def create_app(scheduler: Scheduler, lifespan: Any = None) -> FastAPI:
 
     @app.post(f"{API}/tasks", status_code=201)
     def submit(body: SubmitRequest, who: Auth) -> TaskOut:
-        estate = scheduler.estate
-        resource = body.resource or estate.default_resource or ""
-        if resource not in estate.resources:
-            known = ", ".join(estate.resources)
-            raise NotFound(
-                f"unknown compute resource {resource!r}; known: {known} "
-                "(`klique resources` lists them)"
-            )
-        if body.code is not None and len(body.code.diff.encode()) > estate.limits.max_diff_bytes:
-            raise HTTPException(
-                413,
-                f"the uncommitted diff is {len(body.code.diff.encode())} bytes, over this "
-                f"server's limit of {estate.limits.max_diff_bytes}; fix: commit and push the "
-                "change, ignore large files in .gitignore, or ask the platform team to raise "
-                "limits.max_diff in the estate",
-            )
-        team = who.team
-        if not estate.permitted(team, resource):
-            raise NotPermitted(
-                f"team {team or '(none)'} may not use compute resource {resource!r}; "
-                "ask the platform team to add it to your team's policy"
-            )
         spec = TaskSpec(
             command=tuple(body.command),
-            resource=resource,
+            resource=body.resource or scheduler.estate.default_resource or "",
             name=body.name,
             project=body.project,
             env=dict(body.env),
@@ -138,10 +121,7 @@ def create_app(scheduler: Scheduler, lifespan: Any = None) -> FastAPI:
             image=body.image,
             code=CodeSpec(**body.code.model_dump()) if body.code else None,
         )
-        profile = estate.resources[resource].profile
-        task = scheduler.store.create_task(spec, who.user, team, gpus=profile.gpu_share)
-        scheduler.wake()
-        return _task_out(task, scheduler)
+        return _task_out(new_task(scheduler, who, spec), scheduler)
 
     @app.get(f"{API}/tasks")
     def list_tasks(
@@ -195,7 +175,7 @@ def create_app(scheduler: Scheduler, lifespan: Any = None) -> FastAPI:
     async def logs(
         task_id: TaskId, who: Auth, offset: Annotated[int, Query(ge=0, lt=2**62)] = 0
     ) -> LogChunk:
-        task = own_task(task_id, who)
+        task = await asyncio.to_thread(own_task, task_id, who)
         data = await _read_console(task, scheduler, offset)
         # A character split at the chunk's end waits for the next read, unless this is the end.
         text, used = decode_prefix(data, task.state.final and len(data) < _LOG_CHUNK)
@@ -203,10 +183,10 @@ def create_app(scheduler: Scheduler, lifespan: Any = None) -> FastAPI:
 
     @app.post(f"{API}/tasks/{{task_id}}/cancel")
     async def cancel(task_id: TaskId, who: Auth) -> TaskOut:
-        task = own_task(task_id, who)
-        if task.state.final:
-            return _task_out(task, scheduler)
-        return _task_out(await scheduler.cancel(task), scheduler)
+        task = await asyncio.to_thread(own_task, task_id, who)
+        if not task.state.final:
+            task = await scheduler.cancel(task)
+        return await asyncio.to_thread(_task_out, task, scheduler)
 
     @app.post(f"{API}/tasks/{{task_id}}/report")
     def report(
@@ -214,10 +194,7 @@ def create_app(scheduler: Scheduler, lifespan: Any = None) -> FastAPI:
     ) -> dict[str, bool]:
         """What a task's runner says: state, console, scalars, its end. The end is a claim: the
         task becomes final only when its pool sees the job gone (see SECURITY.md)."""
-        given = token_digest((authorization or "").removeprefix("Bearer ").strip())
-        expected = scheduler.store.report_digest(task_id) or ""
-        # Unknown ids and wrong tokens get the same answer, after the same comparison.
-        if not hmac.compare_digest(given, expected or _NO_TASK) or not expected:
+        if not report_token_valid(scheduler.store, task_id, bearer(authorization)):
             raise HTTPException(401, "not a valid report token for this task")
         task = scheduler.store.get(task_id)
         if body.console is not None:
@@ -230,7 +207,7 @@ def create_app(scheduler: Scheduler, lifespan: Any = None) -> FastAPI:
             )
         if body.exit is not None and not task.state.final:
             scheduler.store.update(task.id, claim=body.exit.model_dump())
-            scheduler.wake()  # the pool confirms at its next look
+            scheduler.wake_pool(task.pool)  # the pool confirms at its next look
         return {"ok": True}
 
     @app.get(f"{API}/resources")
@@ -245,7 +222,7 @@ def create_app(scheduler: Scheduler, lifespan: Any = None) -> FastAPI:
     @app.get(f"{API}/pools")
     def pools(who: Auth) -> list[PoolOut]:
         return [
-            PoolOut.of(p, scheduler.pool_states.get(p.name), scheduler.drivers[p.name].strangers)
+            PoolOut.of(p, scheduler.snapshots().get(p.name), scheduler.strangers(p.name))
             for p in scheduler.estate.pools.values()
         ]
 
@@ -293,13 +270,18 @@ def create_app(scheduler: Scheduler, lifespan: Any = None) -> FastAPI:
         shares = decayed_usage(
             [UsageRow(r.team or "", r.start, r.end, r.gpus) for r in ledger], now, half_life
         )
-        states = dict(scheduler.pool_states)
+        states = scheduler.snapshots()
         result = simulate(estate, queued, active, states, shares, now)
         out = SimulationOut.model_validate(result.to_dict())
         if body.include_trace:
             out.trace = Trace(queued, active, states, shares, now).to_dict()
         return out
 
+    from broker.api.apps import router as apps_router
+    from broker.routes import mount_routes
+
+    app.include_router(apps_router, prefix=API)
+    mount_routes(app)
     return app
 
 

@@ -1,53 +1,113 @@
-"""The one authentication dependency every route uses: a Klique token or a single sign-on
-access token (`Authorization: Bearer ...`), or a browser session cookie (with its CSRF header
-for requests that change something). Read-only tokens may only read."""
+"""Who is calling, one way for the API, routes and MCP: a Klique token or a single sign-on
+access token (`Authorization: Bearer ...`), or a browser session cookie (with its CSRF header for
+requests that change something). A token's scopes decide what it may do: `read` for requests
+that only look, `submit` for the others. Also here: a task's report token, and the caller's own
+task."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import hmac
 from typing import Annotated
 
-from fastapi import Header, HTTPException, Request
+from fastapi import Depends, FastAPI, Header, HTTPException, Request
 
+from broker.domain import Task
+from broker.errors import NotFound
 from broker.identity.resolve import Caller, Identities, Refused
+from broker.store.repository import Store, token_digest
+
+__all__ = ["Auth", "Caller", "bearer", "caller", "caller_of", "owned_task", "report_token_valid"]
 
 SESSION_COOKIE = "klique_session"
 CSRF_COOKIE = "klique_csrf"
 CSRF_HEADER = "X-Klique-CSRF"
-_SAFE = frozenset({"GET", "HEAD", "OPTIONS"})
+SAFE = frozenset({"GET", "HEAD", "OPTIONS"})
+_NO_TASK = token_digest("")  # compared against when the id is unknown: the same work either way
+UNKNOWN_CALLER = (
+    "missing or unknown token; run `klique login --token TOKEN` (the server prints where its "
+    "admin token is), or `klique login --sso` where single sign-on is set up"
+)
 
 
-def make_caller(identities: Identities) -> Callable[..., Caller]:
-    def caller(request: Request, authorization: Annotated[str | None, Header()] = None) -> Caller:
-        try:
-            who = _resolve(identities, request, authorization)
-        except Refused as exc:
-            raise HTTPException(exc.status, str(exc)) from None
-        needed = "read" if request.method in _SAFE else "submit"
-        if needed not in who.scopes:
-            raise HTTPException(
-                403,
-                f"this token may only {' and '.join(sorted(who.scopes))}; this request needs "
-                f"the {needed!r} scope (ask for a token with --scope {needed})",
-            )
-        return who
+def bearer(authorization: str | None) -> str:
+    return (authorization or "").removeprefix("Bearer ").strip()
 
-    return caller
+
+def identities_of(app: FastAPI) -> Identities:
+    identities: Identities = app.state.identities
+    return identities
+
+
+def from_bearer(identities: Identities, token: str) -> Caller:
+    """The caller a bearer token names; Refused when it names none."""
+    if not token:
+        raise Refused(401, UNKNOWN_CALLER)
+    # Klique's tokens are URL-safe base64 without dots; a JWT has two.
+    if token.count(".") == 2:
+        return identities.from_access_token(token)
+    return identities.from_token(token)
+
+
+def caller_of(identities: Identities, token: str) -> Caller | None:
+    """The caller a bearer token names, or None (routes and MCP say "who are you?" their way)."""
+    try:
+        return from_bearer(identities, token)
+    except Refused:
+        return None
+
+
+def scope_problem(who: Caller, needed: str) -> str | None:
+    """Why this caller may not make a request that needs `needed` (read, submit), if so."""
+    if needed in who.scopes:
+        return None
+    return (
+        f"this token may only {' and '.join(sorted(who.scopes))}; this request needs the "
+        f"{needed!r} scope (ask for a token with --scope {needed})"
+    )
+
+
+def needed_scope(method: str) -> str:
+    return "read" if method in SAFE else "submit"
+
+
+def caller(request: Request, authorization: Annotated[str | None, Header()] = None) -> Caller:
+    """The API's authentication dependency: 401 with the fix when the caller is not known,
+    403 when their token's scopes do not allow the request."""
+    try:
+        who = _resolve(identities_of(request.app), request, authorization)
+    except Refused as exc:
+        raise HTTPException(exc.status, str(exc)) from None
+    problem = scope_problem(who, needed_scope(request.method))
+    if problem:
+        raise HTTPException(403, problem)
+    return who
 
 
 def _resolve(identities: Identities, request: Request, authorization: str | None) -> Caller:
-    token = (authorization or "").removeprefix("Bearer ").strip()
+    token = bearer(authorization)
     if token:
-        # Klique's tokens are URL-safe base64 without dots; a JWT has two.
-        if token.count(".") == 2:
-            return identities.from_access_token(token)
-        return identities.from_token(token)
+        return from_bearer(identities, token)
     cookie = request.cookies.get(SESSION_COOKIE)
     if cookie:
-        unsafe = request.method not in _SAFE
+        unsafe = request.method not in SAFE
         return identities.from_session(cookie, unsafe, request.headers.get(CSRF_HEADER))
-    raise Refused(
-        401,
-        "missing or unknown token; run `klique login --token TOKEN` (the server prints where "
-        "its admin token is), or `klique login --sso` where single sign-on is set up",
-    )
+    raise Refused(401, UNKNOWN_CALLER)
+
+
+Auth = Annotated[Caller, Depends(caller)]
+
+
+def report_token_valid(store: Store, task_id: int, token: str) -> bool:
+    """Whether token is the current attempt's report token of the task. Unknown tasks and wrong
+    tokens take the same work and give the same answer."""
+    expected = store.report_digest(task_id) or ""
+    same = hmac.compare_digest(token_digest(token), expected or _NO_TASK)
+    return same and bool(expected)
+
+
+def owned_task(store: Store, task_id: int, who: Caller) -> Task:
+    """The caller's own task (any task for an admin); NotFound for anyone else's."""
+    task = store.get(task_id)
+    if task.owner != who.user and not who.admin:
+        raise NotFound(f"no task {task_id} of yours; `klique ls` lists your tasks")
+    return task

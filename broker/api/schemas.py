@@ -197,6 +197,7 @@ class PoolOut(BaseModel):
     free_slots: int | None
     free_gpus: float
     queued: int
+    last_good: float | None  # when the pool last answered well (None: never yet)
     unknown_jobs: list[str]  # jobs with Klique's tag that no task owns: reported, left alone
 
     @classmethod
@@ -204,13 +205,14 @@ class PoolOut(BaseModel):
         state = state or PoolState(pool.name, reachable=False, reason="not polled yet")
         return cls(
             name=pool.name,
-            kind=pool.kind.value,
+            kind=pool.kind,
             description=str(pool.settings.get("description") or ""),
             reachable=state.reachable,
             reason=state.reason,
             free_slots=state.free_slots,
             free_gpus=state.free_gpus,
             queued=state.queued,
+            last_good=state.last_good,
             unknown_jobs=sorted(strangers),
         )
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from broker.domain import Estate, Pool, Task, TaskState, spec_to_dict
-from broker.errors import NotPermitted, SubmitError
+from broker.errors import KliqueError, NotPermitted, SubmitError
 from broker.scheduler.placement import PoolState
 from broker.transport import Transport, check_account
 
@@ -96,16 +96,15 @@ class PoolDriver(ABC):
         account = self.check_account()
         if account is None:
             return []
-        done = await self.transport.run(
-            ["stat", "-L", "-c", "%a", "--", self.job_root], account=account, timeout=30
-        )
-        if done.returncode:
+        try:
+            mode = await self.transport.mode(self.job_root, account=account)
+        except KliqueError as exc:
             problems = [
-                f"job_root {self.job_root} cannot be used by {account}: {done.stderr.strip()}; "
-                f"fix: create it on the shared filesystem with mode 1777 (install -d -m 1777)"
+                f"job_root {self.job_root}: {exc}; fix: create it on the shared filesystem with "
+                "mode 1777 (install -d -m 1777)"
             ]
         else:
-            problem = job_root_problem(self.job_root, int(done.stdout.strip() or "0", 8))
+            problem = job_root_problem(self.job_root, mode)
             problems = [problem] if problem else []
         self.problems = problems
         return problems
@@ -165,7 +164,7 @@ class PoolDriver(ABC):
         folder = self._stage_dir(account)
         await self.transport.private_dir(folder, account=account)
         staged = f"{folder}/uv"
-        if (await self.transport.run(["test", "-x", staged], account=account)).returncode != 0:
+        if not await self.transport.executable(staged, account=account):
             source = own_uv()
             if source is None:
                 raise SubmitError(
@@ -204,7 +203,7 @@ class PoolDriver(ABC):
             "project": task.spec.project,
             "resource": task.spec.resource,
             "pool": self.pool.name,
-            "scheduler": self.pool.kind.value,
+            "scheduler": self.pool.kind,
             "command": list(task.spec.command),
             "env": spec["env"],
             "code": spec["code"],
@@ -217,6 +216,7 @@ class PoolDriver(ABC):
             "uv": self.uv_path(task),
             "runtime": self.pool.settings.get("container_runtime"),
             "container_scratch": self.pool.settings.get("container_scratch"),
+            "app": task.spec.app,  # an application's route and walltime (broker/apps/launch.py)
         }
 
 

@@ -14,6 +14,7 @@ import time
 from abc import abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar
 
 from broker.containers import container_fields
@@ -26,9 +27,16 @@ from broker.pools.base import (
     PoolDriver,
     Submission,
     observation_from_exit,
+    parse_json,
 )
 from broker.scheduler.placement import PoolState
-from broker.templates import render, safe_directive, template_name
+from broker.templates import (
+    TemplateFile,
+    find_template,
+    render,
+    safe_directive,
+    search_roots,
+)
 from broker.transport import Completed, Transport, make_transport
 
 log = logging.getLogger("klique.pools")
@@ -72,6 +80,7 @@ class BatchDriver(PoolDriver):
     # Native end states that only say the job script ended by itself (any exit, a signal):
     # without the runner's exit file they tell nothing of how the task ended.
     SELF_ENDED: ClassVar[frozenset[str]] = frozenset()
+    SUBMIT_STDIN: ClassVar[bool] = False  # the submit command reads the script on its stdin
     # Status errors that mean the scheduler shows each account only its own jobs: status then
     # runs one query per mapped account, as that account (the pool's `status_per_account`).
     OTHERS_HIDDEN: ClassVar[re.Pattern[str] | None] = None
@@ -205,8 +214,14 @@ class BatchDriver(PoolDriver):
             "python": self.python,
             **container_fields(self.pool, task, job_dir),
         }
-        name = template_name(self.kind, resource.name, self.pool.template)
-        return render(name, context)
+        return render(self.template(resource.name), context, self.template_roots())
+
+    def template_roots(self) -> tuple[Path, ...]:
+        return search_roots(self.context.estate.templates_dir)
+
+    def template(self, resource: str) -> TemplateFile:
+        """The file a compute resource's script is rendered from on this pool."""
+        return find_template(self.kind, resource, self.pool.template, self.template_roots())
 
     def _runner_bytes(self) -> bytes:
         """The runner zipapp, read once: the server builds it once at start."""
@@ -230,6 +245,7 @@ class BatchDriver(PoolDriver):
                 files,
                 account=account,
                 then=self.submit_argv(f"{job_dir}/job.sh"),
+                then_stdin="job.sh" if self.SUBMIT_STDIN else None,
                 timeout=60,
             )
         except TransportError as exc:
@@ -357,11 +373,12 @@ class BatchDriver(PoolDriver):
 
     async def _observe(self, tasks: Sequence[Task]) -> dict[int, Observation]:
         self._note_strangers(tasks)
+        docs = await self._exit_files([t for t in tasks if self._needs_exit_file(t)])
         news: dict[int, Observation] = {}
         gone: list[Task] = []
         for task in tasks:
             if task.state is TaskState.PLACED:
-                news[task.id] = await self._find(task)
+                news[task.id] = self._find(task, docs.get(task.id))
                 continue
             status = self._last.get(task.native_id or "")
             if status is None:
@@ -370,14 +387,38 @@ class BatchDriver(PoolDriver):
             if status.problem:
                 self._note_problem(status)
                 continue
-            seen = await self._from_status(task, status)
+            seen = self._from_status(task, status, docs.get(task.id))
             if seen is not None and seen.state != task.state:
                 news[task.id] = seen
         if gone:
-            news.update(await self._settle(gone))
+            news.update(await self._settle(gone, docs))
         return news
 
-    async def _find(self, task: Task) -> Observation:
+    def _needs_exit_file(self, task: Task) -> bool:
+        """Placed with an unknown outcome, gone from the queue, or ended in it."""
+        if task.state is TaskState.PLACED:
+            return True
+        status = self._last.get(task.native_id or "")
+        state = self.STATES.get(status.state) if status is not None else None
+        return status is None or (state is not None and state.final)
+
+    async def _exit_files(self, tasks: Sequence[Task]) -> dict[int, dict[str, Any] | None]:
+        """Every exit file these tasks need, read as each account in one command: one per
+        account per cycle, never one per task."""
+        by_account: dict[str, list[Task]] = {}
+        for task in tasks:
+            account = self._account_or_none(task)
+            if task.job_dir and account:
+                by_account.setdefault(account, []).append(task)
+        docs: dict[int, dict[str, Any] | None] = {}
+        for account, group in by_account.items():
+            paths = [f"{t.job_dir}/exit.json" for t in group]
+            found = await self.transport.read_files(paths, account=account)
+            for task, path in zip(group, paths, strict=True):
+                docs[task.id] = parse_json(found.get(path))
+        return docs
+
+    def _find(self, task: Task, exit_doc: Mapping[str, Any] | None) -> Observation:
         """A task whose submission's outcome is unknown: its tag in the queue, or its files."""
         job_dir = str(task.job_dir)
         for status in self._last.values():
@@ -386,7 +427,7 @@ class BatchDriver(PoolDriver):
             ours = status.name == task.tag and status.script in ("", f"{job_dir}/job.sh")
             if ours and self.STATES.get(status.state) is not TaskState.CANCELLED:
                 return Observation(TaskState.SUBMITTED, native_id=status.native_id, job_dir=job_dir)
-        if task.job_dir and await self._exit_file(task) is not None:
+        if task.job_dir and exit_doc is not None:
             return Observation(TaskState.SUBMITTED, native_id="", job_dir=job_dir)
         return Observation(
             TaskState.QUEUED,
@@ -422,7 +463,9 @@ class BatchDriver(PoolDriver):
                     )
                     self.strangers.add(status.native_id)
 
-    async def _from_status(self, task: Task, status: NativeStatus) -> Observation | None:
+    def _from_status(
+        self, task: Task, status: NativeStatus, exit_doc: Mapping[str, Any] | None
+    ) -> Observation | None:
         state = self.STATES.get(status.state)
         if state is None:
             log.warning(
@@ -435,7 +478,6 @@ class BatchDriver(PoolDriver):
         if not state.final:
             self._missing_since.pop(task.id, None)
             return Observation(state, self._reason(status))
-        exit_doc = await self._exit_file(task)
         return self._final(task, status, exit_doc)
 
     def _final(
@@ -480,26 +522,14 @@ class BatchDriver(PoolDriver):
         detail = status.reason if status.reason not in ("", "None") else ""
         return "; ".join(p for p in (base, detail) if p)
 
-    async def _exit_file(self, task: Task) -> dict[str, Any] | None:
-        if not task.job_dir:
-            return None
-        data = await self.transport.read_file(
-            f"{task.job_dir}/exit.json", account=self._account_or_none(task)
-        )
-        if not data:
-            return None
-        try:
-            doc = json.loads(data)
-        except ValueError:
-            return None
-        return doc if isinstance(doc, dict) else None
-
-    async def _settle(self, gone: Sequence[Task]) -> dict[int, Observation]:
+    async def _settle(
+        self, gone: Sequence[Task], docs: Mapping[int, dict[str, Any] | None]
+    ) -> dict[int, Observation]:
         """Jobs no longer in the queue: exit file, then accounting, then LOST after a grace."""
         news: dict[int, Observation] = {}
         unsettled: list[Task] = []
         for task in gone:
-            doc = await self._exit_file(task)
+            doc = docs.get(task.id)
             if doc is not None:
                 self._missing_since.pop(task.id, None)
                 news[task.id] = await self._from_exit(task, doc)

@@ -16,6 +16,9 @@ import pwd
 import shutil
 import time
 from collections.abc import Sequence
+from typing import Literal
+
+from pydantic import Field
 
 from broker.domain import Pool, Task, TaskState
 from broker.errors import KliqueError, NotPermitted, SubmitError
@@ -28,8 +31,11 @@ from broker.pools.base import (
     own_uv,
     parse_json,
 )
+from broker.pools.registry import PoolKindSpec
+from broker.pools.settings import PoolSettings
 from broker.scheduler.placement import PoolState
 from broker.transport import LocalTransport
+from broker.units import SizeMB
 
 # A runner's environment: this allow-list, never the server's own (database URLs, tokens).
 SYSTEM_PATH = "/usr/local/bin:/usr/bin:/bin"
@@ -39,6 +45,22 @@ _KILL_GRACE_S = 10.0
 # exits right after writing it. Past this, it is a false report and the task keeps running.
 CLAIM_GRACE_S = 5.0
 _NOT_STARTED = (126, 127)  # runuser's and sh's exit when the interpreter cannot be run
+
+
+class HostSettings(PoolSettings):
+    kind: Literal["host"]
+    slots: int = Field(1, ge=1)  # tasks at once
+    gpus: int = Field(0, ge=0)  # GPUs on the host, ids 0..gpus-1
+    gpu_memory: SizeMB = 0  # memory of one GPU, for memory-sized requests
+
+
+POOL_KIND = PoolKindSpec(
+    name="host",
+    settings=HostSettings,
+    driver="broker.pools.host:HostDriver",
+    queueing=False,
+    summary="this machine: tasks run as processes in fixed slots, GPUs assigned by Klique",
+)
 
 
 def system_python() -> str:

@@ -8,11 +8,13 @@ import json
 import math
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from broker.domain import Profile, Task, TaskState
 from broker.errors import SubmitError, TransportError
 from broker.pools.batch import BatchDriver, NativeStatus, unreadable
+from broker.pools.registry import PoolKindSpec
+from broker.pools.settings import BatchSettings
 from broker.transport import Completed
 
 # IBM Spectrum LSF 10.1 Command Reference, bjobs, "Job states" (the STAT field).
@@ -94,7 +96,20 @@ _NOTHING_FOUND = re.compile(r"^No (\w+ )?job found")
 _OPTION_REFUSED = re.compile(r"illegal option|invalid option|unknown option|^Usage:", re.I | re.M)
 # bsub reads '#BSUB' lines only from a script on its standard input (or with
 # LSB_BSUB_PARSE_SCRIPT=Y); the script's path reaches the shell as data, never as text.
-_SUBMIT = 'exec bsub < "$1"'
+class LsfSettings(BatchSettings):
+    kind: Literal["lsf"]
+    queue: str | None = None  # -q
+    account: str | None = None  # -P (the LSF project)
+    bjobs_json: bool = True  # LSF before 10.1 Fix Pack 2 has no `bjobs -json`: set false
+
+
+POOL_KIND = PoolKindSpec(
+    name="lsf",
+    settings=LsfSettings,
+    driver="broker.pools.lsf:LsfDriver",
+    queueing=True,
+    summary="an IBM Spectrum LSF queue: bsub, one bjobs per cycle, bkill",
+)
 
 
 class LsfDriver(BatchDriver):
@@ -116,14 +131,17 @@ class LsfDriver(BatchDriver):
             # A unit on mem keeps the request independent of the site's LSF_UNIT_FOR_LIMITS.
             f'-R "rusage[mem={profile.memory_mb}MB]"',
         ]
-        gpus = whole_gpus(profile)
+        gpus = profile.whole_gpus
         if gpus:
             found.append(f'-gpu "num={gpus}"')
         found += [f"-W {run_limit_minutes(profile.walltime_s)}", f"-o {job_dir}/lsf-%J.out"]
         return found
 
+    # bsub(1) reads the script's #BSUB lines only from its stdin: `bsub < job.sh`.
+    SUBMIT_STDIN = True
+
     def submit_argv(self, script: str) -> list[str]:
-        return ["sh", "-c", _SUBMIT, "sh", script]
+        return ["bsub"]
 
     def parse_submit(self, stdout: str) -> str:
         return parse_bsub(stdout)
@@ -161,13 +179,6 @@ class LsfDriver(BatchDriver):
 
     def cancel_argv(self, native_id: str) -> list[str]:
         return ["bkill", native_id]
-
-
-def whole_gpus(profile: Profile) -> int:
-    """LSF allocates whole GPUs: a fraction or an amount of GPU memory takes one."""
-    if profile.gpus:
-        return profile.gpus
-    return 1 if (profile.gpu_fraction or profile.gpu_memory_mb) else 0
 
 
 def run_limit_minutes(walltime_s: int) -> int:

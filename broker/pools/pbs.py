@@ -7,13 +7,15 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from broker.domain import Pool, Profile, Task, TaskState
 from broker.errors import SubmitError, TransportError
 from broker.pools.base import Context, Observation
 from broker.pools.batch import BatchDriver, NativeStatus, unreadable, walltime_hms
 from broker.pools.pbs_json import job_records
+from broker.pools.registry import PoolKindSpec
+from broker.pools.settings import BatchSettings
 from broker.transport import Completed, Transport
 
 log = logging.getLogger("klique.pools")
@@ -112,6 +114,22 @@ _OTHERS_HIDDEN = re.compile(r"^qstat: Unauthorized Request", re.MULTILINE)
 _WALLTIME_NOTE = re.compile(r"^=>> PBS: job killed: walltime \d+ exceeded limit \d+", re.M)
 
 
+class PbsSettings(BatchSettings):
+    kind: Literal["pbs"]
+    dialect: Literal["pbspro", "torque"] = "pbspro"
+    queue: str | None = None  # -q
+    account: str | None = None  # -A
+
+
+POOL_KIND = PoolKindSpec(
+    name="pbs",
+    settings=PbsSettings,
+    driver="broker.pools.pbs:PbsDriver",
+    queueing=True,
+    summary="a PBS Professional or Torque queue: qsub, one qstat per cycle, qdel",
+)
+
+
 class PbsDriver(BatchDriver):
     """A PBS Professional or Torque pool; `dialect: torque` switches resources and status."""
 
@@ -146,7 +164,7 @@ class PbsDriver(BatchDriver):
         return found
 
     def _resources(self, profile: Profile) -> list[str]:
-        gpus = whole_gpus(profile)
+        gpus = profile.whole_gpus
         memory = f"mem={profile.memory_mb}mb"
         if self.dialect == "torque":
             nodes = f"nodes=1:ppn={profile.cpus}" + (f":gpus={gpus}" if gpus else "")
@@ -209,13 +227,6 @@ class PbsDriver(BatchDriver):
 
     def cancel_argv(self, native_id: str) -> list[str]:
         return ["qdel", native_id]
-
-
-def whole_gpus(profile: Profile) -> int:
-    """PBS allocates whole GPUs: a fraction or an amount of GPU memory takes one."""
-    if profile.gpus:
-        return profile.gpus
-    return 1 if (profile.gpu_fraction or profile.gpu_memory_mb) else 0
 
 
 def parse_qsub(stdout: str) -> str:

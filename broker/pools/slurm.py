@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from typing import Literal
 
 from broker.domain import Profile, Task, TaskState
 from broker.errors import SubmitError
 from broker.pools.batch import BatchDriver, Capacity, NativeStatus, walltime_hms
+from broker.pools.registry import PoolKindSpec
+from broker.pools.settings import BatchSettings
 
 # squeue(1), "JOB STATE CODES", and sacct(1), "JOB STATE CODES" (Slurm 22.05).
 SLURM_STATES: dict[str, TaskState] = {
@@ -55,6 +58,25 @@ _SQUEUE_FORMAT = _SEP.join(["%i", "%j", "%T", "%r", "%o"])  # id, name, state, r
 _SACCT_FORMAT = "JobID,JobName,State,ExitCode"
 
 
+class SlurmSettings(BatchSettings):
+    kind: Literal["slurm"]
+    partition: str | None = None
+    account: str | None = None  # --account
+    qos: str | None = None  # --qos
+    gpu_flag: Literal["gres", "gpus"] = "gres"  # --gres=gpu:N or --gpus=N
+    accounting: Literal["none", "slurmdbd", "jobcomp"] = "none"  # where sacct reads from
+    PYXIS = True  # container_runtime: pyxis starts the runner in srun --container-image
+
+
+POOL_KIND = PoolKindSpec(
+    name="slurm",
+    settings=SlurmSettings,
+    driver="broker.pools.slurm:SlurmDriver",
+    queueing=True,
+    summary="a Slurm partition: sbatch, one squeue per cycle, sacct, sinfo",
+)
+
+
 class SlurmDriver(BatchDriver):
     kind = "slurm"
     STATES = SLURM_STATES
@@ -73,7 +95,7 @@ class SlurmDriver(BatchDriver):
         for key in ("partition", "account", "qos"):
             if settings.get(key):
                 found.append(f"--{key}={settings[key]}")
-        gpus = self._gpus(profile)
+        gpus = profile.whole_gpus
         if gpus:
             gpu_flag = settings.get("gpu_flag") or "gres"
             found.append(f"--gres=gpu:{gpus}" if gpu_flag == "gres" else f"--gpus={gpus}")
@@ -84,13 +106,6 @@ class SlurmDriver(BatchDriver):
             f"--output={job_dir}/slurm-%j.out",
         ]
         return found
-
-    @staticmethod
-    def _gpus(profile: Profile) -> int:
-        # Slurm allocates whole GPUs here: a fraction or an amount of memory takes one.
-        if profile.gpus:
-            return profile.gpus
-        return 1 if (profile.gpu_fraction or profile.gpu_memory_mb) else 0
 
     def submit_argv(self, script: str) -> list[str]:
         return ["sbatch", "--parsable", script]

@@ -30,8 +30,8 @@ class Need:
 
 def need_of(profile: Profile, pool: Pool) -> Need | str:
     """The need in `pool`'s units, or why a task of this profile can never start there."""
-    if pool.kind.queueing:
-        return _queue_need(profile, pool)
+    if pool.queueing:
+        return _queue_need(profile)
     return _host_need(profile, pool)
 
 
@@ -59,18 +59,9 @@ def _host_need(profile: Profile, pool: Pool) -> Need | str:
     return Need(gpus=whole, cpus=profile.cpus, label=_gpus(whole))
 
 
-def _queue_need(profile: Profile, pool: Pool) -> Need:
-    # A queueing pool counts GPUs as a number; memory-sized requests become a share of a GPU
-    # where the pool declares its GPUs' memory, and a whole GPU where it does not.
-    if profile.gpu_memory_mb is not None:
-        if pool.gpu_memory_mb > 0 and profile.gpu_memory_mb < pool.gpu_memory_mb:
-            share = profile.gpu_memory_mb / pool.gpu_memory_mb
-            return Need(share=share, cpus=profile.cpus, label=f"{share:g} of a GPU")
-        return Need(gpus=1, cpus=profile.cpus, label="1 GPU")
-    if profile.gpu_fraction is not None and profile.gpu_fraction < 1:
-        label = f"{profile.gpu_fraction:g} of a GPU"
-        return Need(share=profile.gpu_fraction, cpus=profile.cpus, label=label)
-    whole = profile.gpus or (1 if profile.gpu_fraction is not None else 0)
+def _queue_need(profile: Profile) -> Need:
+    # A batch scheduler allocates whole GPUs: counted as the script asks for them.
+    whole = profile.whole_gpus
     return Need(gpus=whole, cpus=profile.cpus, label=_gpus(whole))
 
 
@@ -299,7 +290,7 @@ def build_models(
         reachable = state is not None and state.reachable
         reason = "no report from the pool this cycle" if state is None else state.reason
         tasks = on_pool.get(name, [])
-        if pool.kind.queueing:
+        if pool.queueing:
             models[name] = _queue_model(pool, state, reachable, reason, tasks)
         else:
             models[name] = _host_model(estate, pool, reachable, reason, tasks)

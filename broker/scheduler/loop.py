@@ -1,24 +1,22 @@
-"""The scheduler cycle: read the store, ask the pools, place, submit, write back.
-
-No submission is in flight between two cycles, so a task found PLACED at the start of a
-cycle is one whose submission's outcome is unknown (a timeout, a crash): its pool looks its
-tag up before anything is submitted again.
+"""The scheduler: placement on its own loop, over the latest snapshot each pool's agent
+published. It never waits for a pool: it writes what it decided (placed, withdraw, preempt) and
+wakes the pools' agents, which act on their own cadence (broker/scheduler/agent.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import secrets
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from broker.domain import Estate, Task, TaskState, can_transition
-from broker.errors import KliqueError, SubmitUnknown, TransportError
-from broker.faults import crash_point
-from broker.pools.base import Observation, PoolDriver
+from broker.domain import Estate, Task, TaskState
+from broker.errors import KliqueError
+from broker.pools.base import PoolDriver
+from broker.scheduler.agent import PoolAgent
+from broker.scheduler.link import ACTIVE, HOLDING, StoreLink
 from broker.scheduler.placement import (
     ActiveTask,
     PendingReason,
@@ -30,13 +28,39 @@ from broker.scheduler.placement import (
     decayed_usage,
     place,
 )
-from broker.store.repository import Store, token_digest
+from broker.store.repository import Store
 
 log = logging.getLogger("klique.scheduler")
 
-ACTIVE = (TaskState.SUBMITTED, TaskState.PENDING, TaskState.RUNNING)
-HOLDING = (TaskState.PLACED, *ACTIVE)
+__all__ = ["ACTIVE", "HOLDING", "Scheduler"]
+
 _USAGE_HORIZON = 10  # half-lives of ledger history that still count for fair share
+_CANCEL_WAIT_S = 20.0  # how long a cancel request waits for the pool to confirm it
+
+
+@dataclass
+class RemotePool:
+    """A pool served by `klique agent` on its login node: what its agent last published."""
+
+    name: str
+    interval_s: float
+    state: PoolState = field(default_factory=lambda: PoolState("", reachable=False))
+    seen: float | None = None  # when its agent last reported
+    strangers: set[str] = field(default_factory=set)
+
+    def snapshot(self) -> PoolState:
+        silent = self.seen is None or time.time() - self.seen > max(30.0, 3 * self.interval_s)
+        if not silent:
+            return self.state
+        since = (
+            "never" if self.seen is None else time.strftime("%H:%M:%S", time.localtime(self.seen))
+        )
+        return PoolState(
+            self.name,
+            reachable=False,
+            reason=f"its agent (klique agent --pool {self.name}) has not reported since {since}",
+            last_good=self.state.last_good,
+        )
 
 
 @dataclass
@@ -49,151 +73,89 @@ class Scheduler:
     pending: dict[int, PendingReason] = field(default_factory=dict)
     pool_states: dict[str, PoolState] = field(default_factory=dict)
     cycles: int = 0
+    agents: dict[str, PoolAgent] = field(default_factory=dict)
+    remote: dict[str, RemotePool] = field(default_factory=dict)
     _wake: asyncio.Event = field(default_factory=asyncio.Event)
     _loop: asyncio.AbstractEventLoop | None = None
 
+    def __post_init__(self) -> None:
+        self.link = StoreLink(self.store, self.estate)
+        for name, pool in self.estate.pools.items():
+            interval = float(str(pool.settings.get("poll_interval") or 0)) or self.interval_s
+            if pool.settings.get("agent") == "remote":
+                self.remote[name] = RemotePool(name, interval)
+            elif name in self.drivers:
+                concurrency = int(str(pool.settings.get("submit_concurrency") or 8))
+                tick = min(interval, self.interval_s) if pool.queueing else self.interval_s
+                self.agents[name] = PoolAgent(
+                    name, self.drivers[name], self.link, tick, concurrency
+                )
+
     def wake(self) -> None:
-        """Run the next cycle now (a task was submitted or cancelled); safe from any thread."""
+        """Place again now (a task was submitted or cancelled); safe from any thread."""
         if self._loop is not None:
             self._loop.call_soon_threadsafe(self._wake.set)
+
+    def wake_pool(self, pool: str | None) -> None:
+        """Tell a pool's agent to look now; safe from any thread."""
+        agent = self.agents.get(pool or "")
+        if agent is not None and self._loop is not None:
+            self._loop.call_soon_threadsafe(agent.wake)
 
     async def run(self, stop: asyncio.Event) -> None:
         self._loop = asyncio.get_running_loop()
         await self.check_pools()
+        agents = [
+            asyncio.create_task(a.run(stop), name=f"agent {n}") for n, a in self.agents.items()
+        ]
         while not stop.is_set():
             self._wake.clear()  # a wake during the cycle below runs the next one at once
             try:
                 await self.cycle()
             except Exception:  # a bad cycle must never stop the scheduler
-                log.exception("scheduler cycle failed; retrying next cycle")
+                log.exception("placement cycle failed; retrying next cycle")
             waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self._wake.wait())]
             await asyncio.wait(waits, timeout=self.interval_s, return_when=asyncio.FIRST_COMPLETED)
             for w in waits:
                 w.cancel()
+        await asyncio.gather(*agents, return_exceptions=True)
 
     async def check_pools(self) -> None:
         """Start-up checks (job roots, interpreters): a pool with problems takes no task."""
 
         async def check(name: str, driver: PoolDriver) -> None:
             try:
-                problems = await driver.check()
-            except KliqueError as exc:  # unreachable now: its polls will say so
+                problems = await asyncio.wait_for(driver.check(), 60)
+            except (KliqueError, TimeoutError) as exc:  # unreachable now: its agent will say so
                 log.warning("pool %s: start-up check could not run: %s", name, exc)
                 return
             for problem in problems:
-                log.error("pool %s takes no task: %s", name, problem)
+                log.error("pool %s: %s", name, problem)
 
         await asyncio.gather(*(check(n, d) for n, d in self.drivers.items()))
 
+    def snapshots(self) -> dict[str, PoolState]:
+        """Every pool's latest published state: placement reads these, never waits for them."""
+        states = {name: agent.state() for name, agent in self.agents.items()}
+        states.update({name: pool.snapshot() for name, pool in self.remote.items()})
+        return states
+
+    def strangers(self, pool: str) -> set[str]:
+        if pool in self.remote:
+            return self.remote[pool].strangers
+        driver = self.drivers.get(pool)
+        return driver.strangers if driver is not None else set()
+
     async def cycle(self) -> None:
-        holding = self._by_pool(self.store.tasks(states=HOLDING))
-        await asyncio.gather(*(self._follow(name, tasks) for name, tasks in holding.items()))
-        holding = self._by_pool(self.store.tasks(states=HOLDING))
-        states = await asyncio.gather(
-            *(self._capacity(name, tasks) for name, tasks in holding.items())
-        )
-        self.pool_states = {s.name: s for s in states}
-        await self._place(
-            self.store.tasks(states=[TaskState.QUEUED]),
-            [t for tasks in holding.values() for t in tasks],
-        )
+        queued = await asyncio.to_thread(self.store.tasks, states=[TaskState.QUEUED])
+        holding = await asyncio.to_thread(self.store.tasks, states=HOLDING)
+        self.pool_states = self.snapshots()
+        await self._place(queued, holding)
         self.cycles += 1
-
-    def _by_pool(self, tasks: Sequence[Task]) -> dict[str, list[Task]]:
-        grouped: dict[str, list[Task]] = {name: [] for name in self.drivers}
-        for task in tasks:
-            if task.pool in grouped:
-                grouped[task.pool].append(task)
-        return grouped
-
-    # Following what pools say.
-
-    async def _follow(self, pool: str, tasks: Sequence[Task]) -> None:
-        if not tasks:
-            return
-        try:
-            news = await self.drivers[pool].poll(tasks)
-        except KliqueError as exc:  # a failing status query never fails a task
-            log.warning("pool %s: status query failed: %s", pool, exc)
-            return
-        crash_point("after_poll")
-        by_id = {t.id: t for t in tasks}
-        for task_id, seen in news.items():
-            self._apply(by_id[task_id], seen)
-
-    def _apply(self, task: Task, seen: Observation) -> None:
-        if task.state is TaskState.PLACED:
-            self._adopt(task, seen)
-        elif seen.state.final and self._requeues(task, seen):
-            self._requeue(task, f"{seen.reason}; requeued", skip=False)
-        else:
-            extra = {"exit_code": seen.exit_code} if seen.exit_code is not None else {}
-            # The listing may be older than a runner's own report (pending after running):
-            # only a move the state machine allows from where the task is now is made.
-            moves = [s for s in ACTIVE if can_transition(s, seen.state)]
-            self.store.change_state(
-                task.id, seen.state, seen.reason or None, only_from=moves, **extra
-            )
-
-    def _adopt(self, task: Task, seen: Observation) -> None:
-        """A PLACED task whose submission's outcome was unknown: found, or safe to resubmit."""
-        if seen.state is TaskState.QUEUED:
-            self._requeue(task, seen.reason, skip=False, only_from=[TaskState.PLACED])
-            return
-        log.info("task %s: found its job %s in pool %s", task.id, seen.native_id, task.pool)
-        self._submitted(task, seen.native_id, seen.job_dir)
-
-    def _submitted(self, task: Task, native_id: str | None, job_dir: str | None) -> Task | None:
-        """The pool accepted the task; None when it was cancelled meanwhile."""
-        return self.store.change_state(
-            task.id,
-            TaskState.SUBMITTED,
-            "",
-            only_from=[TaskState.PLACED],
-            native_id=native_id,
-            job_dir=job_dir,
-        )
-
-    def _requeues(self, task: Task, seen: Observation) -> bool:
-        """Preempted runs go back to the queue: reclaimed by Klique, or by the pool if it says."""
-        if task.preempted:
-            return True
-        pool = self.estate.pools.get(task.pool or "")
-        return bool(seen.preempted and pool and pool.settings.get("requeue_preempted"))
-
-    def _requeue(
-        self,
-        task: Task,
-        reason: str,
-        *,
-        skip: bool,
-        only_from: Sequence[TaskState] = (*ACTIVE, TaskState.PLACED),
-    ) -> None:
-        skip_pools = task.skip_pools | ({task.pool} if skip and task.pool else set())
-        self.store.change_state(
-            task.id,
-            TaskState.QUEUED,
-            reason,
-            only_from=only_from,
-            pool=None,
-            native_id=None,
-            job_dir=None,
-            borrowed=False,
-            preempted=False,
-            gpu_ids=[],
-            skip_pools=skip_pools,
-        )
-
-    async def _capacity(self, pool: str, tasks: Sequence[Task]) -> PoolState:
-        try:
-            return await self.drivers[pool].capacity([t for t in tasks if t.state in ACTIVE])
-        except KliqueError as exc:
-            return PoolState(pool, reachable=False, reason=str(exc))
-
-    # Placing.
 
     async def _place(self, queued: Sequence[Task], holding: Sequence[Task]) -> None:
         now = time.time()
+        usage = await asyncio.to_thread(self._usage, now) if queued else {}
         out = place(
             SchedulerInput(
                 estate=self.estate,
@@ -205,7 +167,7 @@ class Scheduler:
                 ],
                 active=[_active(t, now) for t in holding],
                 pools=self.pool_states,
-                usage=self._usage(now) if queued else {},  # fair share orders only the queue
+                usage=usage,  # fair share orders only the queue
                 now=now,
                 settings=SchedulerSettings(
                     min_run_s=self.estate.min_run_s,
@@ -217,11 +179,21 @@ class Scheduler:
         )
         self.pending = out.pending
         by_id = {t.id: t for t in (*queued, *holding)}
-        await asyncio.gather(*(self._withdraw(by_id[i]) for i in out.withdrawals if i in by_id))
-        await asyncio.gather(*(self._preempt(by_id[i]) for i in out.preemptions if i in by_id))
-        placed = []
+        woken: set[str | None] = set()
+        for task_id in out.withdrawals:
+            task = by_id.get(task_id)
+            if task is not None and task.state in (TaskState.SUBMITTED, TaskState.PENDING):
+                await asyncio.to_thread(self.store.update, task.id, intent="withdraw")
+                woken.add(task.pool)
+        for task_id in out.preemptions:
+            task = by_id.get(task_id)
+            if task is not None and task.state in ACTIVE and not task.preempted:
+                reason = "preempted to return a reservation"
+                await asyncio.to_thread(self.store.update, task.id, preempted=True, reason=reason)
+                woken.add(task.pool)
         for decision in out.placements:
-            task = self.store.change_state(
+            placed = await asyncio.to_thread(
+                self.store.change_state,
                 decision.task_id,
                 TaskState.PLACED,
                 "",
@@ -230,10 +202,12 @@ class Scheduler:
                 borrowed=decision.borrowed,
                 gpu_ids=list(decision.gpus),
                 attempts=by_id[decision.task_id].attempts + 1,
+                job_dir=None,
             )
-            if task is not None:
-                placed.append(task)
-        await self._submit_all(placed)
+            if placed is not None:
+                woken.add(decision.pool)
+        for pool in woken:
+            self.wake_pool(pool)
 
     def _usage(self, now: float) -> dict[str, float]:
         half_life = self.estate.fair_share_half_life_s
@@ -243,94 +217,25 @@ class Scheduler:
         ]
         return decayed_usage(rows, now, half_life)
 
-    async def _submit_all(self, placed: Sequence[Task]) -> None:
-        # Submissions to one pool overlap up to its submit_concurrency (pooled connections).
-        limits = {
-            name: asyncio.Semaphore(int(str(p.settings.get("submit_concurrency") or 8)))
-            for name, p in self.estate.pools.items()
-        }
-
-        async def submit(task: Task) -> None:
-            async with limits[task.pool or ""]:
-                await self._submit(task)
-
-        await asyncio.gather(*(submit(t) for t in placed))
-
-    async def _submit(self, task: Task) -> None:
-        driver = self.drivers[task.pool or ""]
-        # A new folder and report token for every attempt, recorded before anything is sent:
-        # a crash after this finds the job by its folder, and an old attempt cannot report.
-        token = secrets.token_urlsafe(32)
-        task = self.store.update(
-            task.id, job_dir=driver.new_job_dir(task), report_digest=token_digest(token)
-        )
-        crash_point("before_submit")
-        try:
-            done = await driver.submit(task, token)
-        except SubmitUnknown as exc:
-            log.warning("task %s: submission outcome unknown: %s", task.id, exc)
-            return  # stays PLACED: the next cycle looks its tag up before any retry
-        except TransportError as exc:  # nothing was submitted: try again when it is back
-            self._requeue(
-                task,
-                f"pool {task.pool} unreachable: {exc}",
-                skip=False,
-                only_from=[TaskState.PLACED],
-            )
-            return
-        except KliqueError as exc:  # refused: the pool's words, an unmapped user, a template
-            self.store.change_state(
-                task.id,
-                TaskState.FAILED,
-                f"refused by pool {task.pool}: {exc}",
-                only_from=[TaskState.PLACED],
-            )
-            return
-        crash_point("after_submit")
-        if (
-            self._submitted(task, done.native_id, done.job_dir) is None
-        ):  # cancelled while the pool was accepting it
-            await driver.cancel(
-                self.store.update(task.id, native_id=done.native_id, job_dir=done.job_dir)
-            )
-
-    async def _withdraw(self, task: Task) -> None:
-        """Spill-over: take a task that waited too long out of its pool, try the next one."""
-        if task.state not in (TaskState.SUBMITTED, TaskState.PENDING):
-            return
-        try:
-            await self.drivers[task.pool or ""].cancel(task)
-        except KliqueError as exc:
-            log.warning("task %s: could not withdraw it from %s: %s", task.id, task.pool, exc)
-            return
-        self._requeue(
-            task,
-            f"waited past max_wait in {task.pool}; trying the next pool",
-            skip=True,
-            only_from=[TaskState.SUBMITTED, TaskState.PENDING],
-        )
-
-    async def _preempt(self, task: Task) -> None:
-        """Reclaim: stop a borrowed run; it is requeued when its pool reports it ended."""
-        if task.state not in ACTIVE or task.preempted:
-            return
-        self.store.update(task.id, preempted=True, reason="preempted to return a reservation")
-        try:
-            await self.drivers[task.pool or ""].preempt(task)
-        except KliqueError as exc:
-            log.warning("task %s: could not preempt it: %s", task.id, exc)
-
     async def cancel(self, task: Task) -> Task:
-        """Cancel a task wherever it is; one still queued in Klique never reaches a pool."""
+        """Cancel a task wherever it is; one not yet in a pool never reaches it. One in a pool is
+        its agent's to stop: this asks, then waits a little for the pool to confirm."""
         early = (TaskState.CREATED, TaskState.QUEUED, TaskState.HELD, TaskState.PLACED)
         reason = "cancelled by its owner"
-        done = self.store.change_state(task.id, TaskState.CANCELLED, reason, only_from=early)
+        done = await asyncio.to_thread(
+            self.store.change_state, task.id, TaskState.CANCELLED, reason, only_from=early
+        )
         if done is not None:
             return done
-        if task.state in ACTIVE and task.pool in self.drivers:
-            await self.drivers[task.pool].cancel(task)
-        done = self.store.change_state(task.id, TaskState.CANCELLED, reason, only_from=ACTIVE)
-        return done or self.store.get(task.id)
+        await asyncio.to_thread(self.store.update, task.id, intent="cancel")
+        self.wake_pool(task.pool)
+        deadline = time.monotonic() + _CANCEL_WAIT_S
+        while time.monotonic() < deadline:
+            current = await asyncio.to_thread(self.store.get, task.id)
+            if current.state.final:
+                return current
+            await asyncio.sleep(0.05)
+        return current
 
 
 def _active(task: Task, now: float) -> ActiveTask:

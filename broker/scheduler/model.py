@@ -69,6 +69,7 @@ class PoolState:
     queued: int = 0
     reachable: bool = True
     reason: str = ""
+    last_good: float | None = None  # wall-clock time of the pool's last good answer
 
 
 @dataclass(frozen=True)

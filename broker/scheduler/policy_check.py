@@ -56,7 +56,7 @@ def _oversubscribed(estate: Estate) -> list[Problem]:
     hosts = {
         name: HostModel.of(pool, True, "")
         for name, pool in estate.pools.items()
-        if not pool.kind.queueing
+        if not pool.queueing
     }
     left_out: Counter[tuple[str, str]] = Counter()
     for key, resource, need_by_pool in _reserved_units(estate, hosts):
@@ -77,7 +77,7 @@ def _reserved_units(
             if compute is None or amount <= 0:
                 continue
             pools = [estate.pools[p] for p in compute.profile.pools if p in estate.pools]
-            if any(pool.kind.queueing for pool in pools):
+            if any(pool.queueing for pool in pools):
                 continue
             needs = [(p.name, need_of(compute.profile, p)) for p in pools if p.name in hosts]
             fits = [(name, need) for name, need in needs if isinstance(need, Need)]

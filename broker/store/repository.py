@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import secrets
 import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -20,7 +21,14 @@ from sqlalchemy.orm import Session, sessionmaker, undefer
 
 from broker.domain import Task, TaskSpec, TaskState, spec_from_dict, spec_to_dict, transition
 from broker.errors import NotFound
-from broker.store.tables import LedgerRow, ScalarRow, TaskEventRow, TaskRow, TokenRow
+from broker.store.tables import (
+    AgentTokenRow,
+    LedgerRow,
+    ScalarRow,
+    TaskEventRow,
+    TaskRow,
+    TokenRow,
+)
 
 _STAMPS = {
     TaskState.QUEUED: "queued_at",
@@ -220,6 +228,8 @@ class Store:
                 row.reason = ""  # a reason belongs to the state it explained
             if old != new:
                 row.state = new.value
+                if new.final or new is TaskState.QUEUED:
+                    row.intent = None  # done with, or no longer the pool's to act on
                 stamp = _STAMPS.get(new)
                 if stamp == "queued_at" and row.queued_at is not None:
                     stamp = None  # age counts from the first time it queued (requeues keep it)
@@ -343,6 +353,24 @@ class Store:
             return None
         return found.user, found.admin
 
+    def add_agent_token(self, pools: Sequence[str]) -> str:
+        token = secrets.token_urlsafe(32)
+        with self._tx() as session:
+            session.add(
+                AgentTokenRow(
+                    digest=token_digest(token),
+                    pools=json.dumps(sorted(pools)),
+                    created_at=time.time(),
+                )
+            )
+        return token
+
+    def pools_for_agent_token(self, token: str) -> list[str] | None:
+        """The pools an agent token may act for; None for an unknown token."""
+        with self._sessions() as session:
+            row = session.get(AgentTokenRow, token_digest(token))
+            return list(json.loads(row.pools)) if row else None
+
     def has_admin(self) -> bool:
         with self._sessions() as session:
             return bool(session.scalar(select(func.count()).where(TokenRow.admin.is_(True))))
@@ -390,6 +418,7 @@ def _task(row: TaskRow, with_diff: bool = True) -> Task:
         preempted=row.preempted,
         diff_bytes=row.diff_bytes,
         claim=json.loads(row.claim) if row.claim else None,
+        intent=row.intent,
         created_at=row.created_at,
         queued_at=row.queued_at,
         submitted_at=row.submitted_at,

@@ -39,6 +39,8 @@ class TaskRow(Base):
     report_digest: Mapped[str] = mapped_column(String(64), default="")
     # The runner's own report of how the task ended (JSON): a claim until the pool confirms it.
     claim: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # What the control plane asks the task's pool agent to do: cancel, or withdraw (spill over).
+    intent: Mapped[str | None] = mapped_column(String(16), nullable=True)
     created_at: Mapped[float] = mapped_column(Float)
     queued_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     submitted_at: Mapped[float | None] = mapped_column(Float, nullable=True)
@@ -90,6 +92,16 @@ class SessionRow(Base):
     refresh_token: Mapped[str] = mapped_column(Text, default="")  # the provider's
     fresh_until: Mapped[float] = mapped_column(Float)  # when the groups are asked again
     expires_at: Mapped[float] = mapped_column(Float)
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+class AgentTokenRow(Base):
+    """A token for `klique agent`: it may act only for the pools it names."""
+
+    __tablename__ = "agent_tokens"
+
+    digest: Mapped[str] = mapped_column(String(64), primary_key=True)  # sha256 of the token
+    pools: Mapped[str] = mapped_column(Text)  # JSON list of pool names
     created_at: Mapped[float] = mapped_column(Float)
 
 

@@ -7,11 +7,13 @@ state its command calls for, and that none was lost.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from agent_scenarios import agent_crashes, control_plane_crashes, network_cut
 from chaos_scenarios import (
     Outcome,
     cluster_min_job_age,
@@ -26,6 +28,8 @@ from chaos_scenarios import (
     ssh_drops,
     store_crash,
 )
+
+pytestmark = [pytest.mark.chaos, pytest.mark.slurm]
 
 
 def check(outcome: Outcome) -> None:
@@ -54,7 +58,7 @@ def test_a_foreign_job_with_a_tasks_tag_is_never_adopted(cluster: Any, tmp_path:
 
 
 @pytest.mark.slurm
-def test_slurmctld_down_for_30_s_fails_no_task(cluster: Any, tmp_path: Path) -> None:
+def test_slurmctld_down_for_45_s_fails_no_task(cluster: Any, tmp_path: Path) -> None:
     check(controller_outage(tmp_path))
 
 
@@ -62,6 +66,24 @@ def test_slurmctld_down_for_30_s_fails_no_task(cluster: Any, tmp_path: Path) -> 
 @pytest.mark.ssh
 def test_ssh_connections_killed_during_submission(cluster: Any, sshd: Any, tmp_path: Path) -> None:
     check(ssh_drops(tmp_path))
+
+
+def test_a_remote_agent_killed_at_many_points_loses_and_doubles_nothing(
+    cluster: Any, tmp_path: Path
+) -> None:
+    check(agent_crashes(tmp_path))
+
+
+def test_the_control_plane_killed_while_an_agent_runs_loses_and_doubles_nothing(
+    cluster: Any, tmp_path: Path
+) -> None:
+    check(control_plane_crashes(tmp_path))
+
+
+def test_a_minute_without_network_between_agent_and_control_plane_fails_no_task(
+    cluster: Any, tmp_path: Path
+) -> None:
+    check(network_cut(tmp_path))
 
 
 @pytest.mark.slurm
@@ -97,7 +119,7 @@ def test_a_listing_older_than_the_runners_own_report_is_ignored(tmp_path: Path) 
     from broker.domain import TaskSpec, TaskState
     from broker.estate import parse_estate
     from broker.pools.base import Observation
-    from broker.scheduler.loop import Scheduler
+    from broker.scheduler.link import StoreLink
     from broker.store.repository import Store
 
     estate = parse_estate(
@@ -111,10 +133,10 @@ def test_a_listing_older_than_the_runners_own_report_is_ignored(tmp_path: Path) 
             store.change_state(task.id, state, pool="p")
         seen_by_the_cycle = store.get(task.id)
         store.change_state(task.id, TaskState.RUNNING)  # the runner's report, meanwhile
-        scheduler = Scheduler(store, estate, {}, tmp_path)
-        scheduler._apply(seen_by_the_cycle, Observation(TaskState.PENDING, "pending"))
+        link = StoreLink(store, estate)
+        asyncio.run(link.observed(seen_by_the_cycle, Observation(TaskState.PENDING, "pending")))
         assert store.get(task.id).state is TaskState.RUNNING
-        scheduler._apply(seen_by_the_cycle, Observation(TaskState.COMPLETED, "done", 0))
+        asyncio.run(link.observed(seen_by_the_cycle, Observation(TaskState.COMPLETED, "done", 0)))
         assert store.get(task.id).state is TaskState.COMPLETED
     finally:
         store.close()

@@ -24,7 +24,7 @@ from conftest import Server, start_server, stop_server, wait_for
 
 TASKS = 500
 POLL_INTERVAL_S = 1.0
-CYCLES = 12  # scheduler cycles measured once every task is in the pool
+LOOKS = 12  # the pool agent's looks measured once every task is in the pool
 # Keeps the jobs queued: nothing runs, so the count is all the test measures (and a shared
 # Slurm cluster is not filled with sleeping jobs).
 HOLD = {"slurm": "--hold", "pbspro": "-h", "torque": "-h", "lsf": "-H"}
@@ -57,8 +57,9 @@ def tasks_in(server: Server, token: str, state: str) -> list[dict[str, Any]]:
     return found.json()
 
 
-def cycles(server: Server) -> int:
-    return int(httpx.get(server.url + "/api/v1/health", timeout=10).json()["cycles"])
+def looks(server: Server) -> int:
+    """How many times the pool's agent has looked at its pool."""
+    return int(httpx.get(server.url + "/api/v1/health", timeout=10).json()["looks"]["batch"])
 
 
 def covers_the_pool(scheduler: str, call: str, native_ids: set[str]) -> bool:
@@ -103,19 +104,19 @@ def test_one_status_call_per_poll_with_500_active_tasks(
         wait_for(all_pending, 600, f"{TASKS} tasks to be pending in {scheduler}", interval=1.0)
         native_ids = {t["native_id"] for t in tasks_in(server, token, "pending")}
 
-        # Read in this order, every call counted falls in a cycle that ends after the first
-        # read of the cycle counter, and within the measured time.
-        cycles_before = cycles(server)
+        # Read in this order, every call counted falls in a look that ends after the first
+        # read of the look counter, and within the measured time.
+        looks_before = looks(server)
         start = time.monotonic()
         before = len(count_lines(calls_file))
-        wait_for(lambda: cycles(server) >= cycles_before + CYCLES, 120, f"{CYCLES} cycles")
+        wait_for(lambda: looks(server) >= looks_before + LOOKS, 120, f"{LOOKS} looks")
         calls = count_lines(calls_file)[before:]
         elapsed = time.monotonic() - start
-        cycles_seen = cycles(server) - cycles_before
+        looks_seen = looks(server) - looks_before
 
-        # At most one call per scheduler cycle (the one under way at the end counts once more)
+        # At most one call per look at the pool (the one under way at the end counts once more)
         # and at most one per poll interval (its jitter never goes below 0.9 of it).
-        assert 2 <= len(calls) <= cycles_seen + 1, (len(calls), cycles_seen)
+        assert 2 <= len(calls) <= looks_seen + 1, (len(calls), looks_seen)
         assert len(calls) <= elapsed / (0.9 * POLL_INTERVAL_S) + 1, (len(calls), elapsed)
         assert all(covers_the_pool(scheduler, call, native_ids) for call in calls), calls[-1]
         assert len(tasks_in(server, token, "pending")) == TASKS

@@ -77,7 +77,8 @@ def test_an_account_that_is_root_under_another_name_is_refused(
         )
     else:
         job_root = request.getfixturevalue("slurm_job_root")
-        estate = slurm_estate(job_root, user_map={"alice": uid0_alias})
+        accounts = {"alice": uid0_alias, "bob": "bob"}
+        estate = slurm_estate(job_root, user_map=accounts, query_account="bob")
     server = server_factory(estate)
     token = server.make_token("alice")
     with server.api(token) as api:

@@ -116,7 +116,8 @@ def test_a_cache_planted_by_another_account_is_refused(
     attack: Attack = attack_factory("host", cache_dir=str(cache))
     plant = f'mkdir -m 777 "{cache}/alice" && mkdir -m 777 "{cache}/alice/envs"'
     assert as_account("bob", "sh", "-c", plant).returncode == 0
-    task_id = submit(attack, attack.alice, "echo should-not-run")
+    # An environment to build: the cache is needed (a task needing none never opens it).
+    task_id = submit(attack, attack.alice, "echo should-not-run", requirements=["six"])
     task = attack.server.wait_state(task_id, token=attack.alice)
     assert task["state"] == "failed"
     assert "is not this account's own folder" in task["reason"], task

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from broker.errors import TemplateError
-from broker.templates import render, safe_directive
+from broker.templates import TemplateFile, render, safe_directive
 
 INJECTION = "x\n#SBATCH --array=0-999\n#"
 
@@ -40,9 +40,10 @@ def test_the_cli_refuses_a_project_with_a_newline(host_server) -> None:
 def test_a_new_template_field_cannot_bring_a_newline_into_a_script(tmp_path: Path) -> None:
     (tmp_path / "slurm").mkdir()
     (tmp_path / "slurm" / "default.sh.j2").write_text("#!/bin/bash\n# {{ anything }}\ntrue\n")
+    template = TemplateFile("slurm/default.sh.j2", tmp_path / "slurm" / "default.sh.j2")
     with pytest.raises(TemplateError, match="control character"):
-        render("slurm/default.sh.j2", {"anything": INJECTION}, tmp_path)
-    assert "# 'a b'" in render("slurm/default.sh.j2", {"anything": "a b"}, tmp_path)
+        render(template, {"anything": INJECTION}, (tmp_path,))
+    assert "# 'a b'" in render(template, {"anything": "a b"}, (tmp_path,))
 
 
 @pytest.mark.parametrize(

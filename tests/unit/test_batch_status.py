@@ -42,6 +42,9 @@ class ScriptedTransport(Transport):
     ) -> bytes | None:
         return self.files.get(path)
 
+    async def read_files(self, paths: Sequence[str], *, account: str) -> dict[str, bytes]:
+        return {p: self.files[p] for p in paths if p in self.files}
+
     async def _exec(self, *args: Any) -> Any:
         raise AssertionError("no process runs here")
 

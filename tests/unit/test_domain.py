@@ -49,3 +49,23 @@ def test_illegal_transitions_raise_with_the_allowed_ones(old, new):
 
 def test_repeating_a_state_is_not_an_error():
     assert transition(S.RUNNING, S.RUNNING) is S.RUNNING
+
+
+def test_a_reason_belongs_to_the_state_it_explained(tmp_path):
+    """A task shown running never carries the reason it was pending for."""
+    from broker.domain import TaskSpec, TaskState
+    from broker.store.repository import Store
+
+    store = Store.open(f"sqlite:///{tmp_path / 'k.db'}")
+    try:
+        task = store.create_task(TaskSpec(("true",), "cpu"), "alice", None)
+        for state in (TaskState.PLACED, TaskState.SUBMITTED):
+            store.change_state(task.id, state)
+        store.change_state(task.id, TaskState.PENDING, "pending in Slurm's queue; Priority")
+        assert store.get(task.id).reason == "pending in Slurm's queue; Priority"
+        running = store.change_state(task.id, TaskState.RUNNING)  # a report with no reason
+        assert running is not None and running.reason == ""
+        store.change_state(task.id, TaskState.RUNNING, "the report is ignored")  # same state
+        assert store.get(task.id).reason == "the report is ignored"
+    finally:
+        store.close()

@@ -2,9 +2,9 @@ from pathlib import Path
 
 import pytest
 
-from broker.domain import PoolKind
 from broker.errors import EstateError
-from broker.estate import builtin_estate, load_estate, parse_duration_s, parse_estate, parse_size_mb
+from broker.estate import builtin_estate, load_estate, parse_estate
+from broker.units import parse_duration_s, parse_size_mb
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -23,7 +23,7 @@ def test_the_shipped_example_is_valid_and_means_what_it_says():
     assert estate.resources["half-gpu"].profile.gpu_share == 0.5
     assert estate.resources["gpu-24g"].profile.gpu_memory_mb == 24 * 1024
     slurm = estate.pools["slurm-a"]
-    assert slurm.kind is PoolKind.SLURM and slurm.max_wait_s == 1800
+    assert slurm.kind == "slurm" and slurm.queueing and slurm.max_wait_s == 1800
     assert slurm.user_map.account_for("alice") == "alice"
     assert slurm.user_map.account_for("mallory") is None
     assert estate.team_of("bob") == "nlp"
@@ -51,7 +51,29 @@ def test_errors_name_file_line_field_and_fix():
         p.startswith("estate.yaml:7: resources.1-gpu.profile.colour:") and "remove" in p
         for p in found
     )
-    assert any(p.startswith("estate.yaml:10: pools.local.kind:") and "'host'" in p for p in found)
+    assert any(
+        p.startswith("estate.yaml:10: pools.local.kind: unknown pool kind 'hots'")
+        and "host, lsf, pbs, slurm" in p
+        for p in found
+    ), found
+
+
+def test_a_setting_of_another_pool_kind_is_an_error_at_its_line():
+    found = problems(
+        "resources:\n"
+        "  cpu:\n"
+        "    profile: {pools: [pbs, lsf, lsf2]}\n"
+        "pools:\n"
+        "  pbs:\n"
+        "    kind: pbs\n"
+        "    job_root: /scratch\n"
+        "    partition: gpu\n"
+        "  lsf: {kind: lsf, job_root: /scratch, dialect: torque}\n"
+        "  lsf2: {kind: lsf, job_root: /scratch, container_runtime: pyxis}\n"
+    )
+    assert any(p.startswith("estate.yaml:8: pools.pbs.partition:") for p in found), found
+    assert any(p.startswith("estate.yaml:9: pools.lsf.dialect:") for p in found), found
+    assert any("pools.lsf2: pyxis is a Slurm plugin" in p for p in found), found
 
 
 def test_unknown_pool_and_resource_references_point_at_their_line():

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from broker.domain import ComputeResource, Estate, Policy, Pool, PoolKind, Profile
+from broker.domain import ComputeResource, Estate, Policy, Pool, Profile
 from broker.scheduler.placement import (
     ActiveTask,
     PendingCode,
@@ -18,11 +18,11 @@ from broker.scheduler.placement import (
 
 
 def host(name: str, gpus: int = 4, slots: int = 8, memory: int = 80_000) -> Pool:
-    return Pool(name, PoolKind.HOST, slots=slots, gpus=gpus, gpu_memory_mb=memory)
+    return Pool(name, "host", slots=slots, gpus=gpus, gpu_memory_mb=memory)
 
 
 def slurm(name: str, max_queued: int = 10, max_wait_s: int | None = None) -> Pool:
-    return Pool(name, PoolKind.SLURM, max_queued=max_queued, max_wait_s=max_wait_s)
+    return Pool(name, "slurm", queueing=True, max_queued=max_queued, max_wait_s=max_wait_s)
 
 
 def resource(name: str, *pools: str, **profile: Any) -> ComputeResource:

@@ -11,7 +11,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from broker.domain import ComputeResource, Estate, Policy, Pool, PoolKind, Profile
+from broker.domain import ComputeResource, Estate, Policy, Pool, Profile
 from broker.scheduler.placement import (
     ActiveTask,
     PendingCode,
@@ -31,7 +31,7 @@ def box_estate(gpus: int = 8, policies: Sequence[Policy] = ()) -> Estate:
         ComputeResource("1-gpu", Profile(pools=("box",), gpus=1)),
         ComputeResource("8-gpu", Profile(pools=("box",), gpus=8)),
     ]
-    pools = [Pool("box", PoolKind.HOST, slots=2 * gpus, gpus=gpus)]
+    pools = [Pool("box", "host", slots=2 * gpus, gpus=gpus)]
     return Estate(
         resources={r.name: r for r in resources},
         pools={p.name: p for p in pools},
@@ -96,7 +96,7 @@ def test_an_unused_reservation_is_lent_and_marked_borrowed() -> None:
 
 def test_held_room_is_lent_only_when_no_other_pool_has_room() -> None:
     one_gpu = ComputeResource("1-gpu", Profile(pools=("box", "box2"), gpus=1))
-    pools = {n: Pool(n, PoolKind.HOST, slots=4, gpus=2) for n in ("box", "box2")}
+    pools = {n: Pool(n, "host", slots=4, gpus=2) for n in ("box", "box2")}
     policies = [Policy("r", ("1-gpu",), reservation={"1-gpu": 2}), Policy("b", ("1-gpu",))]
     estate = Estate({"1-gpu": one_gpu}, pools, {p.team: p for p in policies}, {})
     states = {n: PoolState(n) for n in pools}
@@ -109,7 +109,7 @@ def test_held_room_is_lent_only_when_no_other_pool_has_room() -> None:
 
 
 def test_a_reservation_gives_first_pick_of_a_queueing_pool() -> None:
-    hpc = Pool("hpc", PoolKind.SLURM, max_queued=2)
+    hpc = Pool("hpc", "slurm", queueing=True, max_queued=2)
     estate = Estate(
         {"1-gpu": ComputeResource("1-gpu", Profile(pools=("hpc",), gpus=1))},
         {"hpc": hpc},
@@ -294,14 +294,14 @@ def scenarios(draw: st.DrawFn) -> tuple[Estate, dict[str, PoolState], list[Queue
     pools = [
         Pool(
             name,
-            PoolKind.HOST,
+            "host",
             slots=draw(st.integers(1, 6)),
             gpus=draw(st.integers(0, 4)),
             gpu_memory_mb=40_000,
         )
         for name in ("h1", "h2")
     ]
-    pools.append(Pool("hpc", PoolKind.SLURM, max_queued=draw(st.integers(0, 3))))
+    pools.append(Pool("hpc", "slurm", queueing=True, max_queued=draw(st.integers(0, 3))))
     resources = {
         name: ComputeResource(
             name,

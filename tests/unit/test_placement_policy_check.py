@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from broker.domain import ComputeResource, Estate, Policy, Pool, PoolKind, Profile
+from broker.domain import ComputeResource, Estate, Policy, Pool, Profile
 from broker.scheduler.policy_check import policy_problems
 
 
@@ -14,8 +14,8 @@ def estate(*policies: Policy, gpus: int = 8, slurm: bool = False) -> Estate:
         ComputeResource("half-gpu", Profile(pools=("box-b",), gpu_fraction=0.5)),
         ComputeResource("8-gpu", Profile(pools=hosts, gpus=8)),
     ]
-    pools = [Pool(name, PoolKind.HOST, slots=16, gpus=gpus) for name in hosts]
-    pools.append(Pool("hpc", PoolKind.SLURM))
+    pools = [Pool(name, "host", slots=16, gpus=gpus) for name in hosts]
+    pools.append(Pool("hpc", "slurm", queueing=True))
     return Estate(
         resources={r.name: r for r in resources},
         pools={p.name: p for p in pools},

@@ -106,3 +106,20 @@ def test_the_key_changes_with_interpreter_platform_and_image():
         envbuild.env_key("tomli", "cpython-3.11.7-/usr/bin/python3", "linux-x86_64", None),
     }
     assert base not in others and len(others) == 4
+
+
+def test_a_character_split_at_a_chunk_boundary_arrives_whole(tmp_path):
+    """The console is sent in 64 KiB chunks: a character cut at a chunk's edge waits for the
+    next chunk, even in the final flush, and is never two replacement characters."""
+    from inside_job.reporter import CHUNK_BYTES, read_console
+
+    path = tmp_path / "console.log"
+    text = "x" * (CHUNK_BYTES - 1) + "é" + "ü" * 10 + "\n"  # é's two bytes straddle the edge
+    path.write_bytes(text.encode())
+    received, offset = "", 0
+    while True:
+        chunk, offset = read_console(str(path), offset, final=True)
+        if not chunk:
+            break
+        received += chunk
+    assert received == text and "\ufffd" not in received

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from broker.errors import TemplateError
 from broker.estate import load_estate, parse_estate
 from broker.preview import render_preview, sample_task
-from broker.templates import render, safe_directive, template_name
+from broker.templates import TemplateFile, find_template, render, safe_directive
 
 ROOT = Path(__file__).resolve().parents[2]
 ESTATE = load_estate(ROOT / "examples" / "estate.yaml")
@@ -24,13 +24,22 @@ def script_for(estate, resource="1-gpu", **spec_changes):
 
 def test_the_slurm_script_carries_the_profile_the_tag_and_the_estates_extra_directive():
     script = script_for(ESTATE)
-    for line in ("#SBATCH --job-name=klique-0", "#SBATCH --comment=klique-0",
-                 "#SBATCH --partition=gpu", "#SBATCH --account=research",
-                 "#SBATCH --gres=gpu:1", "#SBATCH --cpus-per-task=4", "#SBATCH --mem=16384M",
-                 "#SBATCH --time=04:00:00", "#SBATCH --exclusive=user"):
+    for line in (
+        "#SBATCH --job-name=klique-0",
+        "#SBATCH --comment=klique-0",
+        "#SBATCH --partition=gpu",
+        "#SBATCH --account=research",
+        "#SBATCH --gres=gpu:1",
+        "#SBATCH --cpus-per-task=4",
+        "#SBATCH --mem=16384M",
+        "#SBATCH --time=04:00:00",
+        "#SBATCH --exclusive=user",
+    ):
         assert line in script.splitlines(), line
-    assert "exec python3 /tmp/klique-jobs/klique-0/klique-runner.pyz /tmp/klique-jobs/klique-0" \
+    assert (
+        "exec python3 /tmp/klique-jobs/klique-0/klique-runner.pyz /tmp/klique-jobs/klique-0"
         in script
+    )
 
 
 def test_skip_directives_drop_a_directive_and_gpus_flag_switches():
@@ -43,22 +52,39 @@ def test_skip_directives_drop_a_directive_and_gpus_flag_switches():
 
 
 def test_a_job_root_that_a_directive_cannot_carry_is_refused():
-    text = (ROOT / "examples" / "estate.yaml").read_text().replace(
-        "job_root: /tmp/klique-jobs", "job_root: '/tmp/klique jobs'")
+    text = (
+        (ROOT / "examples" / "estate.yaml")
+        .read_text()
+        .replace("job_root: /tmp/klique-jobs", "job_root: '/tmp/klique jobs'")
+    )
     with pytest.raises(TemplateError):  # the --output directive cannot carry a space
         script_for(parse_estate(text, "e.yaml"))
 
 
-@pytest.mark.parametrize("bad", ["--comment=$(id)", "--x=`id`", "--a;reboot", "--a\n#SBATCH -x",
-                                 "--comment='x'", "--export=ALL,X=$HOME"])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "--comment=$(id)",
+        "--x=`id`",
+        "--a;reboot",
+        "--a\n#SBATCH -x",
+        "--comment='x'",
+        "--export=ALL,X=$HOME",
+    ],
+)
 def test_hostile_directives_are_refused(bad):
     with pytest.raises(TemplateError, match="not allowed"):
         safe_directive(bad, "the estate")
 
 
 @settings(max_examples=200, deadline=None)
-@given(name=st.text(), args=st.lists(st.text(), max_size=4), env=st.dictionaries(
-    st.from_regex(r"[A-Z][A-Z0-9_]{0,10}", fullmatch=True), st.text(), max_size=3))
+@given(
+    name=st.text(),
+    args=st.lists(st.text(), max_size=4),
+    env=st.dictionaries(
+        st.from_regex(r"[A-Z][A-Z0-9_]{0,10}", fullmatch=True), st.text(), max_size=3
+    ),
+)
 def test_free_text_never_changes_the_script(name, args, env):
     plain = script_for(ESTATE)
     assert script_for(ESTATE, name=name, command=("python", *args), env=env) == plain
@@ -67,7 +93,11 @@ def test_free_text_never_changes_the_script(name, args, env):
 def test_values_are_shell_quoted_unless_marked_safe(tmp_path):
     (tmp_path / "slurm").mkdir()
     (tmp_path / "slurm" / "default.sh.j2").write_text("echo {{ owner }} {{ owner|safe }}\n")
-    out = render("slurm/default.sh.j2", {"owner": "a b;$(x)"}, root=tmp_path)
+    out = render(
+        TemplateFile("slurm/default.sh.j2", tmp_path / "slurm/default.sh.j2"),
+        {"owner": "a b;$(x)"},
+        (tmp_path,),
+    )
     assert out == "echo 'a b;$(x)' a b;$(x)\n"
 
 
@@ -75,20 +105,23 @@ def test_template_lookup_order(tmp_path):
     (tmp_path / "slurm").mkdir()
     for name in ("default", "big", "1-gpu"):
         (tmp_path / "slurm" / f"{name}.sh.j2").write_text(name)
-    assert template_name("slurm", "1-gpu", "big", root=tmp_path) == "slurm/1-gpu.sh.j2"
-    assert template_name("slurm", "cpu", "big", root=tmp_path) == "slurm/big.sh.j2"
-    assert template_name("slurm", "cpu", None, root=tmp_path) == "slurm/default.sh.j2"
+    roots = (tmp_path,)
+    assert find_template("slurm", "1-gpu", "big", roots).name == "slurm/1-gpu.sh.j2"
+    assert find_template("slurm", "cpu", "big", roots).name == "slurm/big.sh.j2"
+    assert find_template("slurm", "cpu", None, roots).path == tmp_path / "slurm/default.sh.j2"
 
 
 def test_a_template_error_names_the_file_and_line(tmp_path):
     (tmp_path / "slurm").mkdir()
     (tmp_path / "slurm" / "default.sh.j2").write_text("#!/bin/bash\n\necho {{ no_such_value }}\n")
     with pytest.raises(TemplateError) as err:
-        render("slurm/default.sh.j2", {}, root=tmp_path)
+        render(
+            TemplateFile("slurm/default.sh.j2", tmp_path / "slurm/default.sh.j2"), {}, (tmp_path,)
+        )
     assert "slurm/default.sh.j2:3:" in str(err.value) and "no_such_value" in str(err.value)
     (tmp_path / "slurm" / "broken.sh.j2").write_text("ok\n{% for x in %}\n")
     with pytest.raises(TemplateError) as err:
-        render("slurm/broken.sh.j2", {}, root=tmp_path)
+        render(TemplateFile("slurm/broken.sh.j2", tmp_path / "slurm/broken.sh.j2"), {}, (tmp_path,))
     assert "broken.sh.j2:2:" in str(err.value)
 
 
@@ -126,3 +159,32 @@ def test_pyxis_on_a_pool_that_is_not_slurm_is_an_estate_error():
     text = text.replace("kind: host", "kind: host\n    container_runtime: pyxis", 1)
     with pytest.raises(EstateError, match="pyxis is a Slurm plugin"):
         parse_estate(text, "e.yaml")
+
+
+def test_a_sites_templates_dir_is_searched_first_with_the_same_fallbacks(tmp_path):
+    from broker.templates import BUILT_IN
+
+    site = tmp_path / "site"
+    (site / "slurm").mkdir(parents=True)
+    (site / "partials").mkdir()
+    text = (ROOT / "examples" / "estate.yaml").read_text() + f"templates_dir: {site}\n"
+    # No site template yet: the built-in default.
+    estate = parse_estate(text, "e.yaml")
+    assert render_preview(estate, sample_task(estate, "1-gpu"), None, False).template == (
+        BUILT_IN / "slurm" / "default.sh.j2"
+    )
+    # A site default, which includes a partial of the site's own over the built-in one.
+    (site / "slurm" / "default.sh.j2").write_text(
+        '#!/bin/bash\n# site template\n{% include "partials/run.sh.j2" %}\n'
+    )
+    (site / "partials" / "run.sh.j2").write_text("echo site partial for {{ task_id }}\n")
+    estate = parse_estate(text, "e.yaml")
+    preview = render_preview(estate, sample_task(estate, "1-gpu"), None, False)
+    assert preview.template == site / "slurm" / "default.sh.j2"
+    assert preview.script == "#!/bin/bash\n# site template\necho site partial for 0\n"
+    # A resource's own template wins over the site's default.
+    (site / "slurm" / "1-gpu.sh.j2").write_text("#!/bin/bash\n# just for 1-gpu\n")
+    estate = parse_estate(text, "e.yaml")
+    assert render_preview(estate, sample_task(estate, "1-gpu"), None, False).script == (
+        "#!/bin/bash\n# just for 1-gpu\n"
+    )

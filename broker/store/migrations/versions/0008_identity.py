@@ -1,15 +1,15 @@
 """tokens with a kind, scopes, a team, an expiry, revocation and last use; browser sessions
 
-Revision ID: 0004_identity
-Revises: 0003
+Revision ID: 0008_identity
+Revises: 0006_apps
 Create Date: 2026-11-30 13:00:00.000000
 """
 
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0004_identity"
-down_revision = "0003"
+revision = "0008_identity"
+down_revision = "0006_apps"
 branch_labels = None
 depends_on = None
 

@@ -1,0 +1,158 @@
+"""`klique agent --pool NAME --server URL`: one pool's agent as its own process on the pool's
+login node. It builds its driver from the server's estate, pulls the pool's tasks, submits,
+polls and reports over the agent API (broker/api/agents.py); the control plane keeps
+placement, policies and the ledger. The agent is the same PoolAgent that runs inside a server:
+only its ControlPlane is remote. Killed at any point, it restarts and adopts its jobs by tag.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from broker.domain import Task, TaskState
+from broker.errors import KliqueError, TransportError
+from broker.estate import parse_estate
+from broker.pools.base import Context, Observation
+from broker.pools.registry import make_driver
+from broker.scheduler.agent import PoolAgent
+from broker.scheduler.placement import PoolState
+from broker.scheduler.wire import (
+    observation_to_json,
+    pool_state_to_json,
+    task_from_json,
+)
+
+log = logging.getLogger("klique.agent")
+
+
+class HttpLink:
+    """The control plane over the agent API, as the ControlPlane protocol says."""
+
+    def __init__(self, server: str, token: str, pool: str, timeout: float = 30.0) -> None:
+        self.pool = pool
+        self.http = httpx.AsyncClient(
+            base_url=f"{server.rstrip('/')}/api/v1/agent/pools",
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=timeout,
+        )
+
+    async def close(self) -> None:
+        await self.http.aclose()
+
+    async def _request(self, method: str, path: str, body: Any = None) -> Any:
+        try:
+            response = await self.http.request(method, path, json=body)
+        except httpx.HTTPError as exc:
+            raise TransportError(f"the control plane did not answer: {exc!r}") from exc
+        if response.status_code >= 400:
+            raise TransportError(
+                f"the control plane refused {method} {path}: "
+                f"{response.status_code} {response.text[:300]}"
+            )
+        try:
+            return response.json()
+        except ValueError as exc:
+            raise TransportError(f"the control plane answered {path} with no JSON") from exc
+
+    async def estate_text(self) -> str:
+        return str((await self._request("GET", f"/{self.pool}"))["estate"])
+
+    async def _call(self, op: str, **fields: Any) -> Any:
+        body = {"calls": [{"op": op, **fields}]}
+        results = await self._request("POST", f"/{self.pool}/calls", body)
+        return results["results"][0]
+
+    async def holding(self, pool: str) -> list[Task]:
+        return [task_from_json(t) for t in await self._request("GET", f"/{self.pool}/tasks")]
+
+    async def begin(self, task: Task, job_dir: str, digest: str) -> Task | None:
+        found = await self._call("begin", task_id=task.id, job_dir=job_dir, digest=digest)
+        return None if found is None else task_from_json(found)
+
+    async def submitted(self, task: Task, native_id: str | None, job_dir: str | None) -> bool:
+        return bool(
+            await self._call("submitted", task_id=task.id, native_id=native_id, job_dir=job_dir)
+        )
+
+    async def observed(self, task: Task, seen: Observation) -> None:
+        await self._call("observed", task_id=task.id, observation=observation_to_json(seen))
+
+    async def requeue(
+        self, task: Task, reason: str, *, skip: bool, only_from: Sequence[TaskState]
+    ) -> None:
+        only = [s.value for s in only_from]
+        await self._call("requeue", task_id=task.id, reason=reason, skip=skip, only_from=only)
+
+    async def refused(self, task: Task, reason: str) -> None:
+        await self._call("refused", task_id=task.id, reason=reason)
+
+    async def cancelled(self, task: Task, reason: str) -> None:
+        await self._call("cancelled", task_id=task.id, reason=reason)
+
+    async def published(self, pool: str, state: PoolState, strangers: Sequence[str]) -> None:
+        fields = pool_state_to_json(state)
+        fields.pop("name", None)
+        await self._call("published", state=fields, strangers=list(strangers))
+
+
+async def serve_pool(pool: str, server: str, token: str, home: Path) -> None:
+    """Run the pool's agent until SIGTERM or SIGINT."""
+    from broker.server import build_runner
+
+    link = HttpLink(server, token, pool)
+    estate = parse_estate(await _retrying(link.estate_text), f"{server} estate")
+    if pool not in estate.pools:
+        raise KliqueError(f"the estate at {server} has no pool {pool!r}")
+    home.mkdir(mode=0o700, parents=True, exist_ok=True)
+    context = Context(estate, home, build_runner(home), api_url=server)
+    settings = estate.pools[pool].settings
+    driver = make_driver(estate.pools[pool], context)
+    interval = min(float(str(settings.get("poll_interval") or 10)), 1.0)
+    agent = PoolAgent(
+        pool, driver, link, interval, int(str(settings.get("submit_concurrency") or 8))
+    )
+    for problem in await driver.check():
+        log.error("pool %s: %s", pool, problem)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    log.info("serving pool %s for %s", pool, server)
+    try:
+        await agent.run(stop)
+    finally:
+        await driver.close()
+        await link.close()
+
+
+async def _retrying(fetch: Any) -> Any:
+    """The first answer of the control plane, waiting for it with backoff (it may restart)."""
+    delay = 1.0
+    while True:
+        try:
+            return await fetch()
+        except TransportError as exc:
+            log.warning("waiting for the control plane: %s", exc)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 30.0)
+
+
+def install_helper(path: Path) -> Path:
+    """Copy the helper program (broker/helper.py) to `path`, readable and runnable by all and
+    writable by this account only; for a sudoers rule it must be owned by root."""
+    from broker import helper
+
+    source = Path(helper.__file__).read_bytes()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(source)
+    tmp.chmod(0o755)
+    tmp.replace(path)
+    return path

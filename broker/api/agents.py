@@ -1,0 +1,172 @@
+"""The agent API: what `klique agent --pool NAME` on a login node reads and reports. An agent
+token acts only for the pools it names, and only on those pools' tasks; every report goes
+through the same StoreLink (and so the same state machine) as an agent inside the server."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import time
+from collections.abc import Callable
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Depends, Header, HTTPException
+from fastapi import Path as PathParam
+from pydantic import BaseModel, Field
+
+from broker.api.auth import bearer
+from broker.domain import TaskState
+from broker.errors import NotFound, NotPermitted
+from broker.names import LINE, NAME
+from broker.scheduler.link import HOLDING
+from broker.scheduler.loop import Scheduler
+from broker.scheduler.wire import (
+    observation_from_json,
+    pool_state_from_json,
+    task_to_json,
+)
+
+PoolName = Annotated[str, PathParam(pattern=NAME)]
+Reason = Annotated[str, Field(max_length=4000, pattern=LINE)]
+TaskId = Annotated[int, Field(ge=1, lt=2**63)]
+Native = Annotated[str, Field(max_length=200, pattern=LINE)]
+Folder = Annotated[str, Field(max_length=4096, pattern=r"^/[^\x00-\x1f\x7f]*$")]
+
+
+class AgentTokenRequest(BaseModel):
+    pools: list[Annotated[str, Field(pattern=NAME)]] = Field(min_length=1, max_length=100)
+
+
+class ObservationIn(BaseModel):
+    state: TaskState
+    reason: Reason = ""
+    exit_code: int | None = Field(None, ge=-(2**31), lt=2**31)
+    preempted: bool = False
+    native_id: Native | None = None
+    job_dir: Folder | None = None
+
+
+class PoolStateIn(BaseModel):
+    free_slots: int | None = Field(None, ge=0, lt=2**31)
+    free_gpus: float = Field(0.0, ge=0, allow_inf_nan=False)
+    free_cpus: int | None = Field(None, ge=0, lt=2**31)
+    queued: int = Field(0, ge=0, lt=2**31)
+    reachable: bool = True
+    reason: Reason = ""
+    last_good: float | None = Field(None, allow_inf_nan=False)
+
+
+class AgentCall(BaseModel):
+    """One report of an agent (see broker/scheduler/link.py, ControlPlane)."""
+
+    op: Literal["begin", "submitted", "observed", "requeue", "refused", "cancelled", "published"]
+    task_id: TaskId | None = None
+    job_dir: Folder | None = None
+    digest: str | None = Field(None, pattern=r"^[0-9a-f]{64}$")
+    native_id: Native | None = None
+    observation: ObservationIn | None = None
+    reason: Reason = ""
+    skip: bool = False
+    only_from: list[TaskState] = Field([], max_length=16)
+    state: PoolStateIn | None = None
+    strangers: list[Native] = Field([], max_length=10000)
+
+
+class AgentCalls(BaseModel):
+    calls: list[AgentCall] = Field(max_length=10000)
+
+
+def agent_router(scheduler: Scheduler, admin_only: Callable[..., Any]) -> APIRouter:
+    router = APIRouter(prefix="/api/v1")
+    store = scheduler.store
+    link = scheduler.link
+
+    def agent_pools(authorization: Annotated[str | None, Header()] = None) -> list[str]:
+        token = bearer(authorization)
+        pools = store.pools_for_agent_token(token) if token else None
+        if pools is None:
+            raise HTTPException(401, "missing or unknown agent token")
+        return pools
+
+    def may_serve(pool: str, pools: list[str]) -> None:
+        if not any(hmac.compare_digest(pool, p) for p in pools):
+            raise NotPermitted(f"this agent token does not serve pool {pool!r}")
+        if pool not in scheduler.remote:
+            raise NotPermitted(
+                f"pool {pool!r} is served inside the server; declare `agent: remote` in the "
+                "estate to serve it with `klique agent`"
+            )
+
+    @router.post("/agent-tokens", status_code=201)
+    def create_agent_token(
+        body: AgentTokenRequest,
+        _admin: Any = Depends(admin_only),  # noqa: B008
+    ) -> dict[str, Any]:
+        unknown = [p for p in body.pools if p not in scheduler.remote]
+        if unknown:
+            raise NotFound(
+                f"no remote pool {', '.join(unknown)}; an agent token serves pools declared with "
+                "`agent: remote` in the estate"
+            )
+        return {"pools": body.pools, "token": store.add_agent_token(body.pools)}
+
+    @router.get("/agent/pools/{pool}")
+    def pool_estate(
+        pool: PoolName,
+        pools: list[str] = Depends(agent_pools),  # noqa: B008
+    ) -> dict[str, str]:
+        """The estate the agent builds its driver from, and the pool's interval."""
+        may_serve(pool, pools)
+        estate = scheduler.estate
+        return {"pool": pool, "estate": estate.text, "source": estate.source}
+
+    @router.get("/agent/pools/{pool}/tasks")
+    def pool_tasks(
+        pool: PoolName,
+        pools: list[str] = Depends(agent_pools),  # noqa: B008
+    ) -> list[dict[str, Any]]:
+        """The pool's tasks: placed, submitted, pending, running; with their intents."""
+        may_serve(pool, pools)
+        return [task_to_json(t) for t in store.tasks(states=HOLDING, pool=pool)]
+
+    @router.post("/agent/pools/{pool}/calls")
+    async def pool_calls(
+        pool: PoolName,
+        body: AgentCalls,
+        pools: list[str] = Depends(agent_pools),  # noqa: B008
+    ) -> dict[str, list[Any]]:
+        """The agent's reports, in order; one result each."""
+        may_serve(pool, pools)
+        results = [await _apply(pool, call) for call in body.calls]
+        return {"results": results}
+
+    async def _apply(pool: str, call: AgentCall) -> Any:
+        if call.op == "published":
+            remote = scheduler.remote[pool]
+            state = call.state or PoolStateIn()
+            remote.state = pool_state_from_json({"name": pool, **state.model_dump()})
+            remote.strangers = set(call.strangers)
+            remote.seen = time.time()
+            return None
+        if call.task_id is None:
+            raise HTTPException(422, f"{call.op} needs task_id")
+        task = await asyncio.to_thread(store.get, call.task_id)
+        if task.pool != pool:
+            raise NotFound(f"no task {call.task_id} in pool {pool}")
+        if call.op == "begin":
+            begun = await link.begin(task, str(call.job_dir), str(call.digest))
+            return None if begun is None else task_to_json(begun)
+        if call.op == "submitted":
+            return await link.submitted(task, call.native_id, call.job_dir)
+        if call.op == "observed" and call.observation is not None:
+            seen = observation_from_json(call.observation.model_dump())
+            await link.observed(task, seen)
+        elif call.op == "requeue":
+            await link.requeue(task, call.reason, skip=call.skip, only_from=call.only_from)
+        elif call.op == "refused":
+            await link.refused(task, call.reason)
+        elif call.op == "cancelled":
+            await link.cancelled(task, call.reason)
+        return None
+
+    return router

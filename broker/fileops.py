@@ -1,0 +1,82 @@
+"""What a transport does in a job folder, as the account: each operation one small shell
+script whose paths and modes arrive as arguments ("$1", "$2"), never as script text. A sudo
+transport runs the same operations through the one helper program its sudoers rule allows
+(broker/helper.py), which must do exactly what these scripts do.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import tarfile
+import time
+from collections.abc import Mapping
+
+from broker.errors import TransportError
+
+UNPACK_FAILED = 125
+UNPACK_WORDS = "klique: the files above could not be written"
+MISSING = 3  # read: the file is not there
+FILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+# The programs an unpack may run after writing a job folder (its submit command): the helper
+# runs these and nothing else, so a sudoers rule for it grants no shell.
+SUBMIT_PROGRAMS = ("sbatch", "qsub", "bsub")
+
+SCRIPTS: dict[str, str] = {
+    # write PATH MODE < data: atomically (a temporary name in the same folder, then rename).
+    "write": (
+        'set -e; tmp=$(mktemp "$1.XXXXXX"); trap \'rm -f "$tmp"\' EXIT; '
+        'cat >"$tmp"; chmod "$2" "$tmp"; mv -f "$tmp" "$1"; trap - EXIT'
+    ),
+    # read PATH FROM LIMIT: up to LIMIT bytes from byte FROM (1-based); exit 3 when missing.
+    "read": f'test -e "$1" || exit {MISSING}; tail -c +"$2" -- "$1" | head -c "$3"',
+    # unpack FOLDER [--stdin=FILE] [COMMAND...] < tar: a NEW folder (mkdir without -p fails on
+    # any existing name: a folder, a link, a file someone planted; -m 700 makes it private from
+    # the first instant), its files with their modes, then the command, if any, in the same
+    # process (umask 077: what it starts, a batch job, makes private files too).
+    "unpack": (
+        f'umask 077; mkdir -m 700 -- "$1" && tar -x -m -p -f - -C "$1" || '
+        f'{{ echo "{UNPACK_WORDS}" >&2; exit {UNPACK_FAILED}; }}; shift; '
+        '[ "$#" -eq 0 ] && exit 0; '
+        'case "$1" in --stdin=*) input=${1#--stdin=}; shift; exec "$@" <"$input";; esac; '
+        'exec "$@"'
+    ),
+    # collect PATH...: the regular files among them as a tar stream, each read once; links
+    # stored as links (never followed); missing ones skipped.
+    "collect": 'exec tar -c -f - --ignore-failed-read --warning=no-failed-read -- "$@" 2>/dev/null',
+    # private-dir PATH: a folder of the account's own, made mode 700 if missing; else refused.
+    "private-dir": (
+        'mkdir -m 700 -- "$1" 2>/dev/null; test -d "$1" && test ! -L "$1" && test -O "$1"'
+    ),
+    "mkdir": 'exec mkdir -p -- "$1"',  # mkdir PATH, with its parents
+    "mode": 'exec stat -L -c %a -- "$1"',  # mode PATH: its permission bits, in octal
+    "executable": 'test -f "$1" && test -x "$1"',  # executable PATH
+    "remove": 'test ! -e "$1" || { test -f "$1" && exec rm -f -- "$1"; }',  # remove FILE
+}
+
+
+def tar_of(files: Mapping[str, tuple[bytes, int]]) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.USTAR_FORMAT) as archive:
+        for name, (data, mode) in files.items():
+            info = tarfile.TarInfo(name)
+            info.size, info.mode, info.mtime = len(data), mode, int(time.time())
+            archive.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+def untar(data: bytes) -> dict[str, bytes]:
+    found: dict[str, bytes] = {}
+    if not data:
+        return found
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as archive:
+            for member in archive:
+                content = archive.extractfile(member) if member.isreg() else None
+                if content is not None:
+                    found["/" + member.name.lstrip("/")] = content.read()
+    except tarfile.TarError as exc:
+        raise TransportError(f"a file listing could not be read: {exc}") from exc
+    return found
+
+

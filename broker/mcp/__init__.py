@@ -1,0 +1,1 @@
+"""The MCP server at /mcp: Klique's tools for agents, each call made as the calling user."""

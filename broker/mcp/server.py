@@ -1,0 +1,172 @@
+"""`/mcp` on the Klique server: an MCP server (the official SDK, Streamable HTTP) whose tools are
+the CLI's verbs. The caller's token is the bearer token; every tool calls Klique's own REST API
+in-process with that token, so an agent meets the same compute resources, policies, ownership,
+scopes and ledger as the CLI. A refusal (a lock, a quota, a policy, an unmapped account, a task
+that is not yours, a read-only token) comes back as a tool result whose text is the API's
+sentence.
+
+The OAuth protected-resource metadata (RFC 9728) is served at
+`/.well-known/oauth-protected-resource/mcp`; a token is any the API takes as a bearer token:
+Klique's own (`klique token create`) or the single sign-on provider's access token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from typing import Any
+
+import httpx
+from fastapi import FastAPI
+from mcp.server.auth.middleware.auth_context import get_access_token
+from mcp.server.auth.provider import AccessToken
+from mcp.server.auth.settings import AuthSettings
+from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.transport_security import TransportSecuritySettings
+from pydantic import AnyHttpUrl
+
+from broker.api.auth import caller_of, identities_of
+from broker.identity.resolve import Identities
+
+MCP_PATHS = ("/mcp", "/.well-known/oauth-protected-resource")
+_REFUSAL_WAIT_S = 5.0  # submit: how long to watch a new task for a pool's refusal
+FINAL = {"completed", "failed", "cancelled", "timeout", "lost"}
+
+Scope = MutableMapping[str, Any]
+ASGI = Callable[[Scope, Any, Any], Awaitable[None]]
+
+
+class KliqueTokens:
+    """The MCP SDK's token verifier: the API's own rules for a bearer token (the API checks
+    the token's scopes again on every call a tool makes)."""
+
+    def __init__(self, identities: Identities) -> None:
+        self.identities = identities
+
+    async def verify_token(self, token: str) -> AccessToken | None:
+        # A single sign-on token may need the provider's keys: not on the event loop.
+        found = await asyncio.to_thread(caller_of, self.identities, token)
+        if found is None:
+            return None
+        return AccessToken(token=token, client_id=found.user, scopes=sorted(found.scopes))
+
+
+class Api:
+    """Klique's REST API, in-process, as the user whose token called the tool."""
+
+    def __init__(self, app: FastAPI) -> None:
+        self.app = app
+
+    async def call(self, method: str, path: str, **kwargs: Any) -> Any:
+        access = get_access_token()
+        if access is None:
+            raise ToolError("no Klique token came with this call; register the server with it")
+        transport = httpx.ASGITransport(app=self.app)
+        headers = {"Authorization": f"Bearer {access.token}"}
+        async with httpx.AsyncClient(
+            transport=transport, base_url="http://klique/api/v1", headers=headers
+        ) as client:
+            response = await client.request(method, path, **kwargs)
+        if response.status_code >= 400:
+            raise ToolError(f"refused: {_detail(response)}")
+        return response.json()
+
+
+def _detail(response: httpx.Response) -> str:
+    try:
+        detail = response.json().get("detail")
+    except ValueError:
+        return f"HTTP {response.status_code}"
+    if isinstance(detail, list):
+        return "; ".join(
+            f"{'.'.join(str(p) for p in d.get('loc', [])[1:])}: {d.get('msg')}" for d in detail
+        )
+    return str(detail)
+
+
+def _text(value: Any) -> str:
+    return json.dumps(value, indent=2)
+
+
+def build_mcp(app: FastAPI, public_url: str) -> MCPServer:
+    server = MCPServer(
+        name="klique",
+        log_level="WARNING",
+        instructions="Klique runs tasks and apps on GPU compute resources (Slurm, PBS, LSF, "
+        "bare metal) as you, under your team's policies. Start with list_compute_resources.",
+        token_verifier=KliqueTokens(identities_of(app)),
+        auth=AuthSettings(
+            issuer_url=AnyHttpUrl(public_url),
+            resource_server_url=AnyHttpUrl(f"{public_url}/mcp"),
+            validate_token_resource=False,  # the verifier checks a token is for this server
+        ),
+    )
+    register_tools(server, Api(app))
+    return server
+
+
+def register_tools(server: MCPServer, api: Api) -> None:
+    from broker.mcp import tools
+
+    tools.register(server, api)
+
+
+def mount_mcp(app: FastAPI, public_url: str | None = None) -> None:
+    """Serve /mcp and its metadata on the API's app; its sessions live as long as the app."""
+    public = (public_url or os.environ.get("KLIQUE_PUBLIC_URL") or "").rstrip("/")
+    server = build_mcp(app, public or "http://127.0.0.1:8765")
+    # Bearer tokens are not sent by browsers on their own, so DNS rebinding gains nothing here.
+    starlette = server.streamable_http_app(
+        streamable_http_path="/mcp",
+        transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
+    )
+    app.mount("", _only_mcp(starlette), name="mcp")
+    inner = app.router.lifespan_context
+
+    @contextlib.asynccontextmanager
+    async def lifespan(application: Any) -> AsyncIterator[Any]:
+        async with server.session_manager.run(), inner(application) as state:
+            yield state
+
+    app.router.lifespan_context = lifespan
+
+
+def _only_mcp(starlette: ASGI) -> ASGI:
+    """The MCP app answers its own paths; any other unknown path is the API's JSON 404."""
+
+    async def dispatch(scope: Scope, receive: Any, send: Any) -> None:
+        path = scope.get("path", "")
+        if scope["type"] == "lifespan" or any(
+            path == p or path.startswith(p + "/") for p in MCP_PATHS
+        ):
+            await starlette(scope, receive, send)
+            return
+        if scope["type"] == "websocket":
+            await send({"type": "websocket.close", "code": 1008})
+            return
+        body = b'{"detail":"Not Found"}'
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 404,
+                "headers": [(b"content-type", b"application/json")],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})
+
+    return dispatch
+
+
+async def wait_for_refusal(api: Api, task: dict[str, Any]) -> dict[str, Any]:
+    """A new task, watched briefly: a pool's refusal (an unmapped account) shows at once."""
+    deadline = asyncio.get_running_loop().time() + _REFUSAL_WAIT_S
+    while task["state"] in ("queued", "placed") and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.25)
+        task = await api.call("GET", f"/tasks/{task['id']}")
+    if task["state"] == "failed" and task["reason"].startswith("refused"):
+        raise ToolError(f"task {task['id']} {task['reason']}")
+    return task

@@ -1,0 +1,58 @@
+"""The pool kinds: each is one module of this package that declares `POOL_KIND`, a
+PoolKindSpec naming its settings model and its driver. Adding a kind is that module, its
+templates and its tests; the estate, the server and `klique agent` find it here."""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import pkgutil
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from broker.pools.settings import PoolSettings
+
+if TYPE_CHECKING:
+    from broker.domain import Pool
+    from broker.pools.base import Context, PoolDriver
+
+
+@dataclass(frozen=True)
+class PoolKindSpec:
+    name: str  # the estate's `kind:`
+    settings: type[PoolSettings]  # its model, with `kind: Literal[name]`
+    driver: str  # "module:Class", imported when a pool of this kind starts
+    queueing: bool  # a scheduler queue of its own (batch), rather than fixed slots
+    summary: str  # one line for errors and docs
+
+    def driver_class(self) -> type[PoolDriver]:
+        module, _, name = self.driver.partition(":")
+        cls: type[PoolDriver] = getattr(importlib.import_module(module), name)
+        return cls
+
+
+@functools.cache
+def kinds() -> dict[str, PoolKindSpec]:
+    """Every pool kind, by name: the modules of broker.pools that declare POOL_KIND."""
+    import broker.pools as package
+
+    found: dict[str, PoolKindSpec] = {}
+    for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda m: m.name):
+        module = importlib.import_module(f"{package.__name__}.{info.name}")
+        spec = getattr(module, "POOL_KIND", None)
+        if isinstance(spec, PoolKindSpec):
+            found[spec.name] = spec
+    return found
+
+
+def kind(name: str) -> PoolKindSpec:
+    try:
+        return kinds()[name]
+    except KeyError:
+        known = ", ".join(sorted(kinds()))
+        raise KeyError(f"unknown pool kind {name!r}; known kinds: {known}") from None
+
+
+def make_driver(pool: Pool, context: Context) -> PoolDriver:
+    """The driver of the pool's kind, for this pool."""
+    return kind(pool.kind).driver_class()(pool, context)

@@ -1,0 +1,93 @@
+"""What an estate's pool entry may say: the settings every pool kind shares, and those every
+batch pool shares. Each kind's module declares its own model on these, with `kind` as a
+literal: the estate validates a pool against its kind's model alone, so a setting of another
+kind (`partition` on a PBS pool) is an error with its file and line."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import Discriminator, Field, Tag, model_validator
+
+from broker.units import Seconds, Strict
+
+Runtime = Literal["charliecloud", "apptainer", "singularity", "enroot", "pyxis"]
+
+
+class UserMapRule(Strict):
+    """`user_map: {rule: same-name, deny: [...]}`: a user maps to the account of the same name."""
+
+    rule: Literal["same-name"]
+    deny: list[str] = []
+
+
+def _user_map_form(value: Any) -> str:
+    if isinstance(value, UserMapRule) or (isinstance(value, dict) and "rule" in value):
+        return "rule"
+    return "map"
+
+
+# Klique user -> Linux account (`default` for the others), or a rule.
+UserMapField = Annotated[
+    Annotated[UserMapRule, Tag("rule")] | Annotated[dict[str, str], Tag("map")],
+    Discriminator(_user_map_form),
+]
+
+
+class PoolSettings(Strict):
+    """Every pool kind."""
+
+    kind: str
+    description: str = ""
+    user_map: UserMapField = {}
+    # Which agent serves the pool: one inside the server, or `klique agent` on the pool's login
+    # node (remote: the server only places its tasks and keeps its ledger).
+    agent: Literal["server", "remote"] = "server"
+    job_root: str | None = None
+    # The account that runs start-up checks and status queries (any ordinary one will do);
+    # unset: the first mapped account. A user_map rule names none in advance, so it needs this.
+    query_account: str | None = None
+    # Where and with what the runner runs on the nodes.
+    python: str | None = None
+    cache_dir: str | None = None
+    uv: str | None = None
+    # Tasks with an image: the runtime that runs them (null: what the node has), and the
+    # node-local folder for unpacked containers and runtime caches.
+    container_runtime: Runtime | None = None
+    container_scratch: str | None = None
+    PYXIS: ClassVar[bool] = False  # Pyxis is a Slurm plugin: only Slurm pools may name it
+
+    @model_validator(mode="after")
+    def _pyxis_on_slurm_only(self) -> PoolSettings:
+        if self.container_runtime == "pyxis" and not self.PYXIS:
+            raise ValueError(
+                "pyxis is a Slurm plugin (srun --container-image); fix: use it on a slurm pool, "
+                "or choose apptainer, enroot or charliecloud"
+            )
+        return self
+
+
+class TransportSettings(Strict):
+    kind: Literal["local", "ssh", "sudo"] = "local"
+    host: str = "127.0.0.1"
+    port: int = Field(default=22, ge=1, le=65535)
+    known_hosts: str | None = None
+    client_keys: list[str] = []
+    helper: str = "/usr/local/libexec/klique-helper"  # sudo: the one program besides the
+    # scheduler's commands that the sudoers rule allows (see docs/login-node-agent.md)
+
+
+class BatchSettings(PoolSettings):
+    """Every pool behind a batch scheduler."""
+
+    transport: TransportSettings = Field(default_factory=TransportSettings)
+    max_queued: int = Field(100, ge=1)
+    max_wait: Seconds | None = None
+    template: str | None = None
+    extra_directives: list[str] = []
+    skip_directives: list[str] = []
+    poll_interval: Seconds = 10
+    lost_after: Seconds = 120
+    status_per_account: bool | None = None  # unset: one query, per account if others are hidden
+    requeue_preempted: bool = False
+    submit_concurrency: int = Field(8, ge=1, le=64)  # submissions in flight at once

@@ -1,0 +1,234 @@
+"""One pool's agent: follows the pool's tasks, publishes its capacity, submits what placement
+gave it and carries out cancels, withdrawals and preemptions, on its own cadence.
+
+Agents never wait for each other, and placement never waits for an agent: it reads the latest
+snapshot. A failure of any kind in one pool (a hung command, an exception from a parser) stays
+in that agent: it is logged once, shown by `klique pools` with the time of the last good
+answer, and retried with backoff. The same class runs inside the server and in `klique agent`
+on a login node; only its ControlPlane differs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
+
+from broker.domain import Task, TaskState
+from broker.errors import KliqueError, SubmitUnknown, TransportError
+from broker.faults import crash_point
+from broker.pools.base import PoolDriver
+from broker.scheduler.link import ACTIVE, ControlPlane
+from broker.scheduler.placement import PoolState
+from broker.store.repository import token_digest
+
+log = logging.getLogger("klique.agent")
+
+_MAX_BACKOFF = 16  # times the agent's interval
+STEP_TIMEOUT_S = 120.0  # one look at the pool, however its commands hang
+OPERATION_TIMEOUT_S = 180.0  # one submission, cancel or preemption
+
+
+class PoolAgent:
+    def __init__(
+        self,
+        name: str,
+        driver: PoolDriver,
+        link: ControlPlane,
+        interval_s: float,
+        submit_concurrency: int = 8,
+    ) -> None:
+        self.name = name
+        self.driver = driver
+        self.link = link
+        self.interval_s = interval_s
+        self.snapshot = PoolState(name, reachable=False, reason="not polled yet")
+        self.last_good: float | None = None  # wall-clock time of the last good look
+        self.looks = 0
+        self._failure = ""  # the reason of the current run of failures, logged once
+        self._backoff = 1
+        self._wake = asyncio.Event()
+        self._busy: set[int] = set()  # tasks with an operation under way (submit, cancel...)
+        self._preempted: set[int] = set()  # asked to stop once already
+        self._operations: set[asyncio.Task[None]] = set()
+        self._slots = asyncio.Semaphore(submit_concurrency)
+
+    def wake(self) -> None:
+        """Look again now (new placements or intents); call on the agent's event loop."""
+        self._wake.set()
+
+    def state(self) -> PoolState:
+        """The latest snapshot, with how old its last good answer is."""
+        return self.snapshot
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            self._wake.clear()
+            await self.step()
+            delay = self.interval_s * self._backoff
+            waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self._wake.wait())]
+            await asyncio.wait(waits, timeout=delay, return_when=asyncio.FIRST_COMPLETED)
+            for w in waits:
+                w.cancel()
+        await self.close()
+
+    async def close(self) -> None:
+        for operation in list(self._operations):
+            operation.cancel()
+        with contextlib.suppress(Exception):
+            await asyncio.gather(*self._operations, return_exceptions=True)
+
+    async def step(self) -> None:
+        """One look at the pool, contained: nothing raised here leaves the agent."""
+        try:
+            await asyncio.wait_for(self._look(), STEP_TIMEOUT_S)
+        except Exception as exc:  # any failure: this pool only, logged once, backed off
+            reason = _words(exc)
+            if reason != self._failure:
+                log.warning("pool %s: %s", self.name, reason, exc_info=not _expected(exc))
+                self._failure = reason
+            self._backoff = min(self._backoff * 2, _MAX_BACKOFF)
+            self.snapshot = PoolState(
+                self.name,
+                reachable=False,
+                reason=self._unreachable(reason),
+                last_good=self.last_good,
+            )
+            await self._publish()
+            return
+        if not self.snapshot.reachable:
+            return  # the pool said so itself (a failure met on an earlier look, or its checks)
+        if self._failure:
+            log.info("pool %s answers again", self.name)
+        self._failure = ""
+        self._backoff = 1
+
+    def _unreachable(self, reason: str) -> str:
+        if self.last_good is None:
+            return reason
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.last_good))
+        return f"{reason} (last good answer {when})"
+
+    async def _look(self) -> None:
+        tasks = [t for t in await self.link.holding(self.name) if t.id not in self._busy]
+        self._act_on_intents(tasks)
+        fresh = [t for t in tasks if t.state is TaskState.PLACED and t.job_dir is None]
+        new = {t.id for t in fresh}
+        followed = [t for t in tasks if t.id not in new and not t.intent and t.id not in self._busy]
+        news = await self.driver.poll(followed)
+        crash_point("after_poll")
+        by_id = {t.id: t for t in followed}
+        for task_id, seen in news.items():
+            await self.link.observed(by_id[task_id], seen)
+        active = [t for t in tasks if t.state in ACTIVE]
+        state = await self.driver.capacity(active)
+        if state.reachable:
+            self.last_good = time.time()
+        if not state.reachable:
+            state = replace(state, reason=self._unreachable(state.reason))
+        self.snapshot = replace(state, last_good=self.last_good)
+        self.looks += 1
+        await self._publish()
+        for task in fresh:
+            self._start(task, self._submit)
+
+    async def _publish(self) -> None:
+        with contextlib.suppress(KliqueError):
+            await self.link.published(self.name, self.snapshot, sorted(self.driver.strangers))
+
+    def _act_on_intents(self, tasks: list[Task]) -> None:
+        for task in tasks:
+            if task.intent == "cancel":
+                self._start(task, self._cancel)
+            elif task.intent == "withdraw":
+                self._start(task, self._withdraw)
+            elif task.preempted and task.state in ACTIVE and task.id not in self._preempted:
+                self._preempted.add(task.id)
+                self._start(task, self._preempt)
+
+    def _start(self, task: Task, operation: Callable[[Task], Awaitable[None]]) -> None:
+        """Run one operation on one task in the background, bounded in time, one at a time."""
+        if task.id in self._busy:
+            return
+        self._busy.add(task.id)
+
+        async def guarded() -> None:
+            try:
+                await asyncio.wait_for(operation(task), OPERATION_TIMEOUT_S)
+            except Exception as exc:
+                log.warning("pool %s: task %s: %s", self.name, task.id, _words(exc))
+            finally:
+                self._busy.discard(task.id)
+
+        job = asyncio.get_running_loop().create_task(guarded())
+        self._operations.add(job)
+        job.add_done_callback(self._operations.discard)
+
+    # Operations.
+
+    async def _submit(self, task: Task) -> None:
+        async with self._slots:
+            await self._submit_now(task)
+
+    async def _submit_now(self, task: Task) -> None:
+        # A new folder and report token for every attempt, recorded before anything is sent:
+        # a crash after this finds the job by its folder, and an old attempt cannot report.
+        token = secrets.token_urlsafe(32)
+        begun = await self.link.begin(task, self.driver.new_job_dir(task), token_digest(token))
+        if begun is None:
+            return  # cancelled meanwhile
+        crash_point("before_submit")
+        try:
+            done = await self.driver.submit(begun, token)
+        except SubmitUnknown as exc:
+            log.warning("task %s: submission outcome unknown: %s", task.id, exc)
+            return  # stays placed, with its folder: the next look finds its job or resubmits
+        except TransportError as exc:  # nothing was submitted: try again when it is back
+            await self.link.requeue(
+                begun,
+                f"pool {self.name} unreachable: {exc}",
+                skip=False,
+                only_from=[TaskState.PLACED],
+            )
+            return
+        except KliqueError as exc:  # refused: the pool's words, an unmapped user, a template
+            await self.link.refused(begun, f"refused by pool {self.name}: {exc}")
+            return
+        crash_point("after_submit")
+        if not await self.link.submitted(begun, done.native_id, done.job_dir):
+            await self.driver.cancel(replace(begun, native_id=done.native_id))
+
+    async def _cancel(self, task: Task) -> None:
+        await self.driver.cancel(task)
+        await self.link.cancelled(task, "cancelled by its owner")
+
+    async def _withdraw(self, task: Task) -> None:
+        """Spill-over: take a task that waited too long out of its pool, try the next one."""
+        await self.driver.cancel(task)
+        await self.link.requeue(
+            task,
+            f"waited past max_wait in {self.name}; trying the next pool",
+            skip=True,
+            only_from=[TaskState.SUBMITTED, TaskState.PENDING],
+        )
+
+    async def _preempt(self, task: Task) -> None:
+        """Reclaim: stop a borrowed run; it is requeued when its pool reports it ended."""
+        await self.driver.preempt(task)
+
+
+def _words(exc: BaseException) -> str:
+    if isinstance(exc, TimeoutError):
+        return f"no answer within {STEP_TIMEOUT_S:g} s"
+    if isinstance(exc, KliqueError):
+        return str(exc)
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _expected(exc: BaseException) -> bool:
+    """Failures of the pool itself; anything else is a bug worth its traceback (once)."""
+    return isinstance(exc, KliqueError | TimeoutError)

@@ -1,0 +1,61 @@
+"""One slow pool never delays another: a cluster whose commands hang beside a healthy Slurm
+pool and a host pool. The healthy pools run their tasks while it hangs; it shows unreachable
+with its reason; once it answers again its tasks end right, with one job each."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from typing import Any
+
+import pytest
+from conftest import start_server, stop_server, wait_for
+from isolation_helpers import estate_with_a_hung_pool
+
+pytestmark = [pytest.mark.slurm, pytest.mark.ssh]
+
+
+def jobs_named(tag: str) -> list[str]:
+    done = subprocess.run(
+        ["squeue", "--states=all", "--noheader", f"--name={tag}", "--format=%i"],
+        capture_output=True, text=True, check=True,
+    )
+    return done.stdout.split()
+
+
+def test_a_hung_pool_delays_no_other_pool(slurm_cluster: Any, sshd: Any, tmp_path: Any) -> None:
+    with estate_with_a_hung_pool(slurm_cluster, sshd, hung=True) as estate:
+        (tmp_path / "estate.yaml").write_text(estate.text)
+        estate.hang.touch()  # the hung pool's commands stop answering from the start
+        server = start_server(tmp_path / "home", tmp_path / "estate.yaml")
+        try:
+            alice = server.make_token("alice")
+
+            def submit(resource: str) -> int:
+                with server.api(alice) as api:
+                    answer = api.post("/tasks", json={"command": ["true"], "resource": resource})
+                assert answer.status_code == 201, answer.text
+                return int(answer.json()["id"])
+
+            stuck = [submit("stuck") for _ in range(3)]
+            healthy = [submit("fast") for _ in range(3)] + [submit("local") for _ in range(3)]
+            for task_id in healthy:  # while the other pool hangs
+                assert server.wait_state(task_id, token=alice)["state"] == "completed"
+            assert estate.hang.exists()
+
+            def hung_pool() -> dict[str, Any] | None:
+                pools = {p["name"]: p for p in json.loads(server.cli("pools", "--json").output)}
+                pool = pools["slurm-hung"]
+                return pool if not pool["reachable"] and pool["reason"] else None
+
+            pool = wait_for(hung_pool, 120, "the hung pool to show unreachable with a reason")
+            assert "did not finish within" in pool["reason"] or "no answer" in pool["reason"]
+            assert all(server.task(t, alice)["state"] in ("queued", "placed") for t in stuck)
+
+            estate.hang.unlink()  # it answers again
+            for task_id in stuck:
+                task = server.wait_state(task_id, token=alice, timeout=240)
+                assert task["state"] == "completed", task
+                assert len(jobs_named(f"klique-{task_id}")) <= 1  # never two jobs
+        finally:
+            stop_server(server)
