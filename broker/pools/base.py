@@ -72,6 +72,7 @@ class PoolDriver(ABC):
         self.context = context
         self.strangers: set[str] = set()  # native ids of jobs with Klique's tag no task owns
         self.problems: list[str] = []  # found at start: the pool takes no task while there are any
+        self.notes: list[str] = []  # found at start: how the pool works on this site (not problems)
         self._uv_staged: set[str] = set()
 
     def account(self, task: Task) -> str:
