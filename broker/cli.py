@@ -65,14 +65,30 @@ def server(estate_path: str | None, host: str, port: int) -> None:
 
 @main.command()
 @click.option("--token", help="The token (default: ask for it).")
+@click.option("--sso", is_flag=True, help="Log in through the company's single sign-on.")
+@click.option("--ldap", "ldap_user", metavar="USER", help="Log in with USER's LDAP password.")
 @click.option("--api", help="The server's URL (default: $KLIQUE_API or the local server).")
-def login(token: str | None, api: str | None) -> None:
-    """Store a token for the server, after checking that the server accepts it."""
-    token = token or click.prompt("token", hide_input=True)
+def login(token: str | None, sso: bool, ldap_user: str | None, api: str | None) -> None:
+    """Store a token for the server, after checking that the server accepts it.
+
+    With --sso, open the address it prints and confirm the code: the refresh token is kept
+    (mode 600) and access tokens are renewed silently. With --ldap, a token that lasts the
+    server's identity.token_lifetime is kept."""
+    from broker.cli_login import ldap_login, sso_login
+
+    if sso or ldap_user:
+        client = Client(api=api, anonymous=True)
+        entry: str | dict[str, Any] = (
+            sso_login(client) if sso else ldap_login(client, str(ldap_user))
+        )
+        token = entry if isinstance(entry, str) else str(entry["access_token"])
+    else:
+        token = entry = token or click.prompt("token", hide_input=True)
     client = Client(api=api, token=token)
     me = client.get("/whoami")
-    path = save_token(client.api, token)
-    click.echo(f"logged in to {client.api} as {me['user']} (token kept in {path})")
+    path = save_token(client.api, entry)
+    team = f", team {me['team']}" if me.get("team") else ""
+    click.echo(f"logged in to {client.api} as {me['user']}{team} (kept in {path})")
 
 
 @main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})

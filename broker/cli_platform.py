@@ -88,7 +88,7 @@ async def _pool_problems(estate: Estate) -> list[str]:
     context = Context(estate, config.home(), Path("klique-runner.pyz"), None)
     problems: list[str] = []
     for name, pool in estate.pools.items():
-        if not pool.queueing and not (pool.user_map.accounts or pool.user_map.default):
+        if not pool.queueing and not pool.user_map.maps_anyone:
             continue  # a single-user pool: which account it serves is the server's own
         driver = make_driver(pool, context)
         try:
@@ -106,15 +106,87 @@ async def _pool_problems(estate: Estate) -> list[str]:
 
 @click.group()
 def token() -> None:
-    """Make tokens for users (admin only)."""
+    """Tokens for users and service users (CI, bots): make, list, revoke."""
 
 
 @token.command("create")
-@click.argument("user")
+@click.argument("user", required=False)
+@click.option("--service", metavar="NAME", help="A service user (CI, a bot) of --team.")
+@click.option("--team", help="The service user's team: its runs count there.")
+@click.option(
+    "--scope",
+    "scopes",
+    multiple=True,
+    type=click.Choice(["submit", "read"]),
+    help="What the token may do (repeatable; default both). read: look only; submit: submit "
+    "and cancel.",
+)
+@click.option("--expires", metavar="DURATION", help="Expire after 30d, 12h, ... (default: never).")
 @click.option("--admin", is_flag=True, help="Make an admin token.")
-def token_create(user: str, admin: bool) -> None:
-    """Print a new token for USER."""
-    click.echo(Client().post("/tokens", {"user": user, "admin": admin})["token"])
+@json_option
+def token_create(
+    user: str | None,
+    service: str | None,
+    team: str | None,
+    scopes: tuple[str, ...],
+    expires: str | None,
+    admin: bool,
+    as_json: bool,
+) -> None:
+    """Print a new token for USER, or for the service user --service NAME (admin only)."""
+    from broker.units import parse_duration_s
+
+    if bool(user) == bool(service):
+        raise click.UsageError("give either USER or --service NAME")
+    body: dict[str, Any] = {"user": user or service, "admin": admin, "service": bool(service)}
+    if team:
+        body["team"] = team
+    if scopes:
+        body["scopes"] = sorted(set(scopes))
+    if expires:
+        try:
+            body["expires_in"] = parse_duration_s(expires)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--expires") from None
+    made = Client().post("/tokens", body)
+    click.echo(json.dumps(made, indent=2) if as_json else made["token"])
+
+
+@token.command("ls")
+@json_option
+def token_ls(as_json: bool) -> None:
+    """List tokens: everyone's with an admin token, else your own (never the tokens)."""
+    rows = Client().get("/tokens")
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    for row in rows:
+        row["expires"] = when(row["expires_at"]) if row["expires_at"] else "never"
+        row["last_used"] = when(row["last_used_at"]) if row["last_used_at"] else "never"
+        row["state"] = "revoked" if row["revoked"] else "in force"
+    table(
+        rows,
+        [
+            ("id", "ID"),
+            ("kind", "KIND"),
+            ("user", "USER"),
+            ("team", "TEAM"),
+            ("scopes", "SCOPES"),
+            ("expires", "EXPIRES"),
+            ("last_used", "LAST USED"),
+            ("state", "STATE"),
+        ],
+    )
+
+
+@token.command("revoke")
+@click.argument("token_ids", nargs=-1, required=True)
+def token_revoke(token_ids: tuple[str, ...]) -> None:
+    """Revoke tokens by id (`klique token ls` shows them): yours, or any with an admin token."""
+    client = Client()
+    for token_id in token_ids:
+        done = client.post(f"/tokens/{token_id}/revoke")
+        click.echo(f"token {done['id']} of {done['user']} revoked")
 
 
 @token.command("create-agent")

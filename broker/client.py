@@ -1,9 +1,18 @@
-"""The CLI's view of the API: one small HTTP client, errors turned into one-line reasons."""
+"""The CLI's view of the API: one small HTTP client, errors turned into one-line reasons.
+
+The credentials file keeps, per server, a Klique token, or a single sign-on entry (an access
+token, its end, and the refresh token) that is renewed silently before it ends, or once when
+the server refuses it; renewals by several processes at once take turns under a lock.
+"""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +20,9 @@ import httpx
 
 from broker import config
 from broker.errors import KliqueError
+
+# An access token this close to its end is renewed before use, not after a refusal.
+RENEW_BEFORE_S = 30.0
 
 
 class ApiError(KliqueError):
@@ -21,50 +33,102 @@ def credentials_path() -> Path:
     return config.home() / "credentials.json"
 
 
-def saved_token(api: str) -> str | None:
-    if os.environ.get("KLIQUE_TOKEN"):
-        return os.environ["KLIQUE_TOKEN"]
+def _saved() -> dict[str, Any]:
     try:
         tokens = json.loads(credentials_path().read_text())
     except (OSError, ValueError):
-        return None
-    token = tokens.get(api) if isinstance(tokens, dict) else None
+        return {}
+    return tokens if isinstance(tokens, dict) else {}
+
+
+def saved_token(api: str) -> str | None:
+    if os.environ.get("KLIQUE_TOKEN"):
+        return os.environ["KLIQUE_TOKEN"]
+    token = _saved().get(api)
     return token if isinstance(token, str) else None
 
 
-def save_token(api: str, token: str) -> Path:
-    """Keep the token for `api` in a file that is private from its first byte."""
+def saved_sso(api: str) -> dict[str, Any] | None:
+    """The single sign-on entry kept for `api`, if that is how this account logged in."""
+    entry = _saved().get(api)
+    return entry if isinstance(entry, dict) and entry.get("kind") == "sso" else None
+
+
+def save_token(api: str, token: str | dict[str, Any]) -> Path:
+    """Keep the token (or single sign-on entry) for `api` in a file that is private from its
+    first byte."""
     path = credentials_path()
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    try:
-        tokens = json.loads(path.read_text())
-    except (OSError, ValueError):
-        tokens = {}
+    tokens = _saved()
     tokens[api] = token
     config.write_private(path, json.dumps(tokens, indent=2))
     return path
 
 
+@contextmanager
+def _renewal_lock() -> Iterator[None]:
+    path = credentials_path().with_name(".credentials.lock")
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
 class Client:
-    def __init__(self, api: str | None = None, token: str | None = None, timeout: float = 30.0):
+    def __init__(
+        self,
+        api: str | None = None,
+        token: str | None = None,
+        timeout: float = 30.0,
+        anonymous: bool = False,
+    ):
+        """`anonymous`: send no token (for the routes that log in)."""
         self.api = (api or config.api_url()).rstrip("/")
-        self.token = token or saved_token(self.api)
+        self.token = None if anonymous else token or saved_token(self.api)
+        self.sso = None if self.token or anonymous else saved_sso(self.api)
+        if self.sso is not None:
+            self.token = str(self.sso.get("access_token") or "")
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
         self.http = httpx.Client(base_url=self.api + "/api/v1", headers=headers, timeout=timeout)
 
     def call(self, method: str, path: str, **kwargs: Any) -> Any:
-        try:
-            response = self.http.request(method, path, **kwargs)
-        except httpx.TransportError as exc:
-            raise ApiError(
-                f"cannot reach the Klique server at {self.api} ({exc.__class__.__name__}); "
-                "start one with `klique server`, or set KLIQUE_API"
-            ) from exc
+        if self.sso is not None and _due(self.sso):
+            self._renew()
+        response = self._send(method, path, **kwargs)
+        if response.status_code == 401 and self.sso is not None:
+            self._renew(refused=self.token)
+            response = self._send(method, path, **kwargs)
         if response.status_code == 401:
             raise ApiError(f"the server at {self.api} refused the token: {_detail(response)}")
         if response.status_code >= 400:
             raise ApiError(_detail(response))
         return response.json()
+
+    def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        try:
+            return self.http.request(method, path, **kwargs)
+        except httpx.TransportError as exc:
+            raise ApiError(
+                f"cannot reach the Klique server at {self.api} ({exc.__class__.__name__}); "
+                "start one with `klique server`, or set KLIQUE_API"
+            ) from exc
+
+    def _renew(self, refused: str | None = None) -> None:
+        """A fresh access token: one that another process renewed meanwhile, or a new one."""
+        from broker.identity import device
+
+        with _renewal_lock():
+            entry = saved_sso(self.api) or self.sso
+            assert entry is not None
+            if _due(entry) or entry.get("access_token") in (refused, None):
+                entry = device.renew(entry)
+                save_token(self.api, entry)
+        self.sso = entry
+        self.token = str(entry["access_token"])
+        self.http.headers["Authorization"] = f"Bearer {self.token}"
 
     def get(self, path: str, **params: Any) -> Any:
         return self.call("GET", path, params={k: v for k, v in params.items() if v is not None})
@@ -95,6 +159,10 @@ class Client:
             if regular:
                 target.unlink(missing_ok=True)
         return size
+
+
+def _due(entry: dict[str, Any]) -> bool:
+    return float(entry.get("expires_at") or 0) - RENEW_BEFORE_S <= time.time()
 
 
 def _detail(response: httpx.Response) -> str:

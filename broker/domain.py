@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from broker.errors import IllegalTransition
+
+if TYPE_CHECKING:
+    from broker.identity.config import IdentityFile
 
 
 class TaskState(enum.StrEnum):
@@ -140,13 +143,28 @@ class ComputeResource:
 
 @dataclass(frozen=True)
 class UserMap:
-    """Klique user -> Linux account on a pool; `default` serves unmapped users if set."""
+    """Klique user -> Linux account on a pool; `default` serves unmapped users if set.
+
+    With `rule="same-name"` a user maps to the account of the same name (the site's directory
+    gives both), never to root and never to an account in `deny`.
+    """
 
     accounts: dict[str, str] = field(default_factory=dict)
     default: str | None = None
+    rule: str | None = None
+    deny: frozenset[str] = frozenset()
 
     def account_for(self, user: str) -> str | None:
-        return self.accounts.get(user, self.default)
+        if user in self.accounts:
+            return self.accounts[user]
+        if self.rule == "same-name" and user != "root" and user not in self.deny:
+            return user
+        return self.default
+
+    @property
+    def maps_anyone(self) -> bool:
+        """False for a pool without a user map (a single-user host pool)."""
+        return bool(self.accounts) or self.default is not None or self.rule is not None
 
 
 @dataclass(frozen=True)
@@ -246,6 +264,7 @@ class Estate:
     apps: AppSettings = field(default_factory=AppSettings)
     routes: dict[str, StaticRoute] = field(default_factory=dict)
     source: str = "<built-in>"
+    identity: IdentityFile | None = None  # single sign-on, LDAP, group -> team
     text: str = ""  # the file as written: `klique agent` builds the same estate from it
 
     def team_of(self, user: str) -> str | None:

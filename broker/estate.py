@@ -26,8 +26,9 @@ from broker.domain import (
     UserMap,
 )
 from broker.errors import EstateError
+from broker.identity.config import IdentityFile, identity_problems
 from broker.pools.registry import kinds
-from broker.pools.settings import PoolSettings
+from broker.pools.settings import PoolSettings, UserMapRule
 from broker.units import Name, Seconds, SecondsOrZero, SizeMB, Strict
 
 
@@ -96,6 +97,7 @@ class EstateFile(Strict):
     # Each pool is checked against its kind's own settings model (see _pools).
     pools: dict[Name, dict[str, Any]] = Field(min_length=1)
     policies: dict[Name, PolicyFile] = {}
+    identity: IdentityFile | None = None
     apps: AppsFile = AppsFile()
     routes: dict[Name, RouteFile] = {}
 
@@ -188,7 +190,7 @@ def _pools(raw: dict[str, Any], lines: _LineMap) -> tuple[dict[str, PoolSettings
 
 
 def _describe(err: Any, lines: _LineMap) -> str:
-    path = tuple(str(p) for p in err["loc"])
+    path = _untagged(tuple(str(p) for p in err["loc"]))
     message = err["msg"].removeprefix("Value error, ")
     if err["type"] == "missing":
         message = "is required"
@@ -199,6 +201,15 @@ def _describe(err: Any, lines: _LineMap) -> str:
     if err["type"] in ("enum", "literal_error") and "expected" in err.get("ctx", {}):
         fix = f"use one of {err['ctx']['expected']}"
     return lines.error(path, f"{message}; fix: {fix}")
+
+
+def _untagged(path: tuple[str, ...]) -> tuple[str, ...]:
+    """Without the tag pydantic adds for the form of a user_map (a mapping, or a rule)."""
+    if "user_map" in path:
+        i = path.index("user_map") + 1
+        if path[i : i + 1] in (("rule",), ("map",)):
+            return path[:i] + path[i + 1 :]
+    return path
 
 
 def _cross_check(
@@ -260,6 +271,7 @@ def _cross_check(
                         "under resources:",
                     )
                 )
+    problems += [(path[:-1], path[-1]) for path in identity_problems(model.identity, model.teams)]
     quota_teams = [
         (("apps", "max_running_per_team", t), t) for t in model.apps.max_running_per_team
     ]
@@ -303,7 +315,16 @@ def _pool_problems(pool: PoolSettings) -> list[tuple[tuple[str, ...], str]]:
                 "and create it with `install -d -m 1777 PATH`",
             )
         )
-    for user, account in pool.user_map.items():
+    if isinstance(pool.user_map, UserMapRule) and not pool.query_account:
+        problems.append(
+            (
+                ("user_map",),
+                "a user_map rule names no account in advance; fix: add query_account: an "
+                "ordinary account that the pool's start-up checks and status queries run as",
+            )
+        )
+    explicit = pool.user_map if isinstance(pool.user_map, dict) else {}
+    for user, account in explicit.items():
         if account == "root" or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}", account):
             problems.append(
                 (
@@ -384,6 +405,7 @@ def _build(model: EstateFile, pools: dict[str, PoolSettings], source: str) -> Es
             for name, r in model.routes.items()
         },
         source=source,
+        identity=model.identity,
     )
 
 
@@ -397,13 +419,11 @@ def _beside(source: str, folder: str | None) -> str | None:
 def _build_pool(name: str, p: PoolSettings) -> Pool:
     """The domain's Pool: the fields placement reads, and the kind's own settings."""
     settings = p.model_dump(exclude={"kind", "user_map"})
-    accounts = dict(p.user_map)
-    default = accounts.pop("default", None)
     return Pool(
         name=name,
         kind=p.kind,
         queueing=kinds()[p.kind].queueing,
-        user_map=UserMap(accounts, default),
+        user_map=_user_map(p),
         slots=settings.pop("slots", 1),
         gpus=settings.pop("gpus", 0),
         gpu_memory_mb=settings.pop("gpu_memory", 0),
@@ -414,6 +434,13 @@ def _build_pool(name: str, p: PoolSettings) -> Pool:
         skip_directives=tuple(settings.pop("skip_directives", ())),
         settings=settings,
     )
+
+
+def _user_map(p: PoolSettings) -> UserMap:
+    if isinstance(p.user_map, UserMapRule):
+        return UserMap(rule=p.user_map.rule, deny=frozenset(p.user_map.deny))
+    accounts = dict(p.user_map)
+    return UserMap(accounts, accounts.pop("default", None))
 
 
 def builtin_estate_text(slots: int | None = None, pool_lines: str = "") -> str:

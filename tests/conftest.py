@@ -23,6 +23,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from conftest_services import (  # noqa: E402, F401
     SERVICE_MARKERS,
+    ldap_url,
+    oidc_url,
     postgres_url,
     services_on,
     site_slurm_cluster,
@@ -66,6 +68,12 @@ FINAL = {"completed", "failed", "cancelled", "timeout", "lost"}
 TASK_PY = "/usr/bin/python3"
 # A host pool's access lines: the test accounts, and a shared job root made per server.
 HOST_ACCESS = "user_map: {admin: alice, alice: alice, bob: bob}\n    job_root: $JOB_ROOT"
+# Git, told to trust checkouts that another account owns (the tests' are alice's).
+TRUST_CHECKOUTS = {
+    "GIT_CONFIG_COUNT": "1",
+    "GIT_CONFIG_KEY_0": "safe.directory",
+    "GIT_CONFIG_VALUE_0": "*",
+}
 
 
 @pytest.fixture(scope="session")

@@ -136,3 +136,15 @@ def sshd(test_users: tuple[str, str]) -> SSHEndpoint:
     folder = Path(os.environ.get("KLIQUE_SSH_DIR", "/tmp/klique-ssh"))
     port = int(os.environ.get("KLIQUE_SSH_PORT", "2222"))
     return SSHEndpoint("127.0.0.1", port, folder / "known_hosts", folder / "client_key", test_users)
+
+
+@pytest.fixture(scope="session")
+def oidc_url() -> str:
+    """The OpenID Connect provider of scripts/oidc-up (tests/services/oidc_provider.py)."""
+    return run_script("oidc-up")
+
+
+@pytest.fixture(scope="session")
+def ldap_url() -> str:
+    """The slapd of scripts/ldap-up (ldaps://127.0.0.1:6636; StartTLS on 3389)."""
+    return run_script("ldap-up")

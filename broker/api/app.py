@@ -14,6 +14,7 @@ from broker.api import artifacts, sdk
 from broker.api.agents import agent_router
 from broker.api.auth import Auth, Caller, bearer, owned_task, report_token_valid
 from broker.api.create import new_task
+from broker.api.identity import identity_router
 from broker.api.limits import BodyLimit
 from broker.api.schemas import (
     ArtifactOut,
@@ -25,7 +26,6 @@ from broker.api.schemas import (
     SimulationOut,
     SubmitRequest,
     TaskOut,
-    TokenRequest,
     UsageLineOut,
     UsageOut,
     WhyOut,
@@ -34,6 +34,7 @@ from broker.artifacts import ArtifactStore
 from broker.domain import CodeSpec, Task, TaskSpec, TaskState
 from broker.errors import KliqueError, NotFound, NotPermitted
 from broker.estate import parse_estate
+from broker.identity.resolve import Identities
 from broker.scheduler.fairshare import UsageRow, decayed_usage
 from broker.scheduler.loop import HOLDING, Scheduler, _active
 from broker.simulate import Trace, queued_of, simulate
@@ -87,6 +88,10 @@ def create_app(scheduler: Scheduler, lifespan: Any = None) -> FastAPI:
         status = 404 if isinstance(exc, NotFound) else 403 if isinstance(exc, NotPermitted) else 400
         return JSONResponse({"detail": str(exc)}, status_code=status)
 
+    identities = Identities(scheduler.store, lambda: scheduler.estate)
+    app.state.identities = identities  # broker/api/auth.py finds callers through it
+    app.include_router(identity_router(identities, API))
+
     def admin(who: Auth) -> Caller:
         if not who.admin:
             raise NotPermitted("only an admin token can do this; ask the platform team")
@@ -105,13 +110,14 @@ def create_app(scheduler: Scheduler, lifespan: Any = None) -> FastAPI:
 
     @app.get(f"{API}/whoami")
     def whoami(who: Auth) -> dict[str, Any]:
-        return {"user": who.user, "admin": who.admin, "team": scheduler.estate.team_of(who.user)}
-
-    @app.post(f"{API}/tokens", status_code=201)
-    def create_token(body: TokenRequest, who: Auth) -> dict[str, str]:
-        if not who.admin:
-            raise NotPermitted("only an admin token can make tokens")
-        return {"user": body.user, "token": scheduler.store.add_token(body.user, admin=body.admin)}
+        return {
+            "user": who.user,
+            "admin": who.admin,
+            "team": who.team,
+            "kind": who.kind,
+            "scopes": sorted(who.scopes),
+            "via": who.via,
+        }
 
     @app.post(f"{API}/tasks", status_code=201)
     def submit(body: SubmitRequest, who: Auth) -> TaskOut:
@@ -219,7 +225,7 @@ def create_app(scheduler: Scheduler, lifespan: Any = None) -> FastAPI:
     @app.get(f"{API}/resources")
     def resources(who: Auth) -> list[ResourceOut]:
         estate = scheduler.estate
-        team = estate.team_of(who.user)
+        team = who.team
         return [
             ResourceOut.of(r, permitted=estate.permitted(team, r.name))
             for r in estate.resources.values()

@@ -249,7 +249,7 @@ def launch_app(name: AppName, body: LaunchRequest, request: Request, who: Auth) 
         teams=tuple(body.teams),
         walltime_s=body.walltime_s,
     )
-    team = scheduler.estate.team_of(who.user)
+    team = who.team
     if body.route is not None:
         route = static_routes(scheduler).get(body.route)
         launch.check_route(app, route, body.route, who.user, team, who.admin)

@@ -1,33 +1,48 @@
-"""Who is calling: the Klique token as a bearer header, checked against the store's digests;
-for the SDK's endpoints, also a task's report token, which speaks for its own task (the SDK
-inside a job, a pipeline's controller) and the steps that task creates."""
+"""Who is calling, one way for the API, routes and MCP: a Klique token or a single sign-on
+access token (`Authorization: Bearer ...`), or a browser session cookie (with its CSRF header for
+requests that change something). A token's scopes decide what it may do: `read` for requests
+that only look, `submit` for the others. For the SDK's endpoints, also a task's report token,
+which speaks for its own task (the SDK inside a job, a pipeline's controller) and the steps that
+task creates. Also here: the caller's own task."""
 
 from __future__ import annotations
 
 import hmac
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Annotated
 
-from fastapi import Depends, Header, HTTPException, Request
+from fastapi import Depends, FastAPI, Header, HTTPException, Request
 
 from broker.domain import Task
 from broker.errors import NotFound
+from broker.identity.resolve import Caller, Identities, Refused
 from broker.store.repository import Store, token_digest
 
 if TYPE_CHECKING:
     from broker.scheduler.loop import Scheduler
 
+__all__ = [
+    "Actor",
+    "ActorAuth",
+    "Auth",
+    "Caller",
+    "bearer",
+    "caller",
+    "caller_of",
+    "owned_task",
+    "report_token_valid",
+    "scheduler_of",
+]
+
+SESSION_COOKIE = "klique_session"
+CSRF_COOKIE = "klique_csrf"
+CSRF_HEADER = "X-Klique-CSRF"
+SAFE = frozenset({"GET", "HEAD", "OPTIONS"})
 _NO_TASK = token_digest("")  # compared against when the id is unknown: the same work either way
 UNKNOWN_CALLER = (
-    "missing or unknown token; run `klique login --token TOKEN` "
-    "(the server prints where its admin token is)"
+    "missing or unknown token; run `klique login --token TOKEN` (the server prints where its "
+    "admin token is), or `klique login --sso` where single sign-on is set up"
 )
-
-
-@dataclass(frozen=True)
-class Caller:
-    user: str
-    admin: bool
 
 
 def scheduler_of(request: Request) -> Scheduler:
@@ -39,17 +54,65 @@ def bearer(authorization: str | None) -> str:
     return (authorization or "").removeprefix("Bearer ").strip()
 
 
-def caller_of(store: Store, token: str) -> Caller | None:
-    found = store.user_for_token(token) if token else None
-    return Caller(*found) if found else None
+def identities_of(app: FastAPI) -> Identities:
+    identities: Identities = app.state.identities
+    return identities
+
+
+def from_bearer(identities: Identities, token: str) -> Caller:
+    """The caller a bearer token names; Refused when it names none."""
+    if not token:
+        raise Refused(401, UNKNOWN_CALLER)
+    # Klique's tokens are URL-safe base64 without dots; a JWT has two.
+    if token.count(".") == 2:
+        return identities.from_access_token(token)
+    return identities.from_token(token)
+
+
+def caller_of(identities: Identities, token: str) -> Caller | None:
+    """The caller a bearer token names, or None (routes and MCP say "who are you?" their way)."""
+    try:
+        return from_bearer(identities, token)
+    except Refused:
+        return None
+
+
+def scope_problem(who: Caller, needed: str) -> str | None:
+    """Why this caller may not make a request that needs `needed` (read, submit), if so."""
+    if needed in who.scopes:
+        return None
+    return (
+        f"this token may only {' and '.join(sorted(who.scopes))}; this request needs the "
+        f"{needed!r} scope (ask for a token with --scope {needed})"
+    )
+
+
+def needed_scope(method: str) -> str:
+    return "read" if method in SAFE else "submit"
 
 
 def caller(request: Request, authorization: Annotated[str | None, Header()] = None) -> Caller:
-    """The API's authentication dependency: 401 with the fix when the token is not known."""
-    found = caller_of(scheduler_of(request).store, bearer(authorization))
-    if found is None:
-        raise HTTPException(401, UNKNOWN_CALLER)
-    return found
+    """The API's authentication dependency: 401 with the fix when the caller is not known,
+    403 when their token's scopes do not allow the request."""
+    try:
+        who = _resolve(identities_of(request.app), request, authorization)
+    except Refused as exc:
+        raise HTTPException(exc.status, str(exc)) from None
+    problem = scope_problem(who, needed_scope(request.method))
+    if problem:
+        raise HTTPException(403, problem)
+    return who
+
+
+def _resolve(identities: Identities, request: Request, authorization: str | None) -> Caller:
+    token = bearer(authorization)
+    if token:
+        return from_bearer(identities, token)
+    cookie = request.cookies.get(SESSION_COOKIE)
+    if cookie:
+        unsafe = request.method not in SAFE
+        return identities.from_session(cookie, unsafe, request.headers.get(CSRF_HEADER))
+    raise Refused(401, UNKNOWN_CALLER)
 
 
 Auth = Annotated[Caller, Depends(caller)]
@@ -63,16 +126,17 @@ class Actor(Caller):
 
 
 def actor(request: Request, authorization: Annotated[str | None, Header()] = None) -> Actor:
-    """A user token, else a live task's report token: that task (never another)."""
-    store = scheduler_of(request).store
+    """A user's credential (as `caller` checks it, scopes included), else a live task's report
+    token: that task (never another)."""
     token = bearer(authorization)
-    found = caller_of(store, token)
-    if found is not None:
-        return Actor(found.user, found.admin)
-    task = store.task_for_report_digest(token_digest(token)) if token else None
-    if task is None or task.state.final:
-        raise HTTPException(401, UNKNOWN_CALLER)
-    return Actor(task.owner, False, task.id)
+    task = None
+    if token and token.count(".") != 2:  # a report token is never a JWT
+        store = scheduler_of(request).store
+        task = store.task_for_report_digest(token_digest(token))
+    if task is not None and not task.state.final:
+        return Actor(task.owner, False, team=task.team, task=task.id)
+    who = caller(request, authorization)
+    return Actor(**{f.name: getattr(who, f.name) for f in fields(who)})
 
 
 ActorAuth = Annotated[Actor, Depends(actor)]

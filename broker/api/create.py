@@ -37,7 +37,7 @@ def check_task(scheduler: Scheduler, who: Caller, spec: TaskSpec) -> str | None:
             "(`klique resources` lists them)"
         )
     check_code(estate, spec)
-    team = estate.team_of(who.user)
+    team = who.team
     if not estate.permitted(team, spec.resource):
         raise NotPermitted(
             f"team {team or '(none)'} may not use compute resource {spec.resource!r}; "

@@ -45,11 +45,6 @@ class SubmitRequest(RunIn):
     name: str = Field("", max_length=200, pattern=LINE)
 
 
-class TokenRequest(_Body):
-    user: str = Field(pattern=NAME)
-    admin: bool = False
-
-
 class ArtifactOut(BaseModel):
     name: str
     kind: Literal["file", "object"]  # a file as uploaded, or a pickled Python object

@@ -113,7 +113,9 @@ class PoolDriver(ABC):
     def check_account(self) -> str | None:
         """An account to run start-up checks as (None: none is mapped)."""
         accounts = [*self.pool.user_map.accounts.values(), self.pool.user_map.default]
-        return next((a for a in accounts if a), None)
+        # A same-name rule names no account in advance: the pool's query_account checks.
+        accounts.append(self.pool.settings.get("query_account"))  # type: ignore[arg-type]
+        return next((str(a) for a in accounts if a), None)
 
     async def read_console(self, task: Task, offset: int, limit: int) -> bytes | None:
         """Up to `limit` bytes of the task's console from `offset`, read as its account."""

@@ -74,7 +74,7 @@ class HostDriver(PoolDriver):
     def __init__(self, pool: Pool, context: Context) -> None:
         super().__init__(pool, context)
         self.transport = LocalTransport()
-        self.single_user = not pool.user_map.accounts and pool.user_map.default is None
+        self.single_user = not pool.user_map.maps_anyone
         self.server_account = pwd.getpwuid(os.geteuid()).pw_name
         # Without a user map, the server's own account keeps the job folders in its own home.
         self.job_root = str(pool.settings.get("job_root") or context.home / "jobs")

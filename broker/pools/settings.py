@@ -5,13 +5,33 @@ kind (`partition` on a PBS pool) is an error with its file and line."""
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Discriminator, Field, Tag, model_validator
 
 from broker.units import Seconds, Strict
 
 Runtime = Literal["charliecloud", "apptainer", "singularity", "enroot", "pyxis"]
+
+
+class UserMapRule(Strict):
+    """`user_map: {rule: same-name, deny: [...]}`: a user maps to the account of the same name."""
+
+    rule: Literal["same-name"]
+    deny: list[str] = []
+
+
+def _user_map_form(value: Any) -> str:
+    if isinstance(value, UserMapRule) or (isinstance(value, dict) and "rule" in value):
+        return "rule"
+    return "map"
+
+
+# Klique user -> Linux account (`default` for the others), or a rule.
+UserMapField = Annotated[
+    Annotated[UserMapRule, Tag("rule")] | Annotated[dict[str, str], Tag("map")],
+    Discriminator(_user_map_form),
+]
 
 
 class PoolSettings(Strict):
@@ -19,11 +39,14 @@ class PoolSettings(Strict):
 
     kind: str
     description: str = ""
-    user_map: dict[str, str] = {}  # Klique user -> Linux account; `default` for the others
+    user_map: UserMapField = {}
     # Which agent serves the pool: one inside the server, or `klique agent` on the pool's login
     # node (remote: the server only places its tasks and keeps its ledger).
     agent: Literal["server", "remote"] = "server"
     job_root: str | None = None
+    # The account that runs start-up checks and status queries (any ordinary one will do);
+    # unset: the first mapped account. A user_map rule names none in advance, so it needs this.
+    query_account: str | None = None
     # Where and with what the runner runs on the nodes.
     python: str | None = None
     cache_dir: str | None = None
@@ -65,7 +88,6 @@ class BatchSettings(PoolSettings):
     skip_directives: list[str] = []
     poll_interval: Seconds = 10
     lost_after: Seconds = 120
-    query_account: str | None = None
     status_per_account: bool | None = None  # unset: one query, per account if others are hidden
     requeue_preempted: bool = False
     submit_concurrency: int = Field(8, ge=1, le=64)  # submissions in flight at once

@@ -17,4 +17,4 @@ def mount_routes(app: FastAPI) -> None:
     hub = Hub(app.state.scheduler)
     app.state.route_hub = hub
     app.include_router(router)
-    app.mount(ROUTES, RouteProxy(hub), name="routes")
+    app.mount(ROUTES, RouteProxy(hub, app.state.identities), name="routes")

@@ -19,7 +19,8 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 from urllib.parse import parse_qsl, urlencode
 
-from broker.api.auth import Caller
+from broker.api.auth import SAFE, Caller, needed_scope, scope_problem
+from broker.identity.resolve import Identities
 from broker.names import NAME
 from broker.routes import headers as passing
 from broker.routes.auth import RouteInfo, cookie_header, may_open, route_caller
@@ -33,7 +34,6 @@ Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 PREFIX = b"/routes/"
 _NAME = re.compile(NAME.encode())
 IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE", "TRACE"})
-SAFE = frozenset({"GET", "HEAD", "OPTIONS"})
 CHUNK = 64 * 1024
 
 
@@ -72,8 +72,9 @@ class Target:
 
 
 class RouteProxy:
-    def __init__(self, hub: Hub) -> None:
+    def __init__(self, hub: Hub, identities: Identities) -> None:
         self.hub = hub
+        self.identities = identities
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
@@ -85,8 +86,7 @@ class RouteProxy:
 
     def _admit(self, scope: Scope, target: Target) -> tuple[Caller, RouteInfo, str]:
         headers = passing.headers(scope)
-        store = self.hub.scheduler.store
-        caller, how = route_caller(store, headers, passing.cookies(headers))
+        caller, how = route_caller(self.identities, headers, passing.cookies(headers))
         route = self.hub.route_info(target.name)
         if caller is None:
             raise Refusal(
@@ -97,9 +97,12 @@ class RouteProxy:
             )
         if route is None:
             raise Refusal(404, f"no route {target.name}; `klique app ls` lists your apps")
-        team = self.hub.scheduler.estate.team_of(caller.user)
-        if not may_open(caller, team, route):
+        if not may_open(caller, caller.team, route):
             raise Refusal(403, f"route {target.name} is not open to {caller.user}")
+        needed = needed_scope(scope["method"]) if scope["type"] == "http" else "submit"
+        problem = scope_problem(caller, needed)
+        if problem:
+            raise Refusal(403, problem)
         return caller, route, how
 
     # HTTP.

@@ -353,17 +353,21 @@ class Store(RecordMethods):
     # Tokens
 
     def add_token(self, user: str, *, admin: bool = False) -> str:
-        token = secrets.token_urlsafe(32)
-        with self._tx() as session:
-            session.add(
-                TokenRow(digest=token_digest(token), user=user, admin=admin, created_at=time.time())
-            )
-        return token
+        """A token for a user (or an admin); broker/store/identity.py has the other kinds."""
+        from broker.store.identity import IdentityStore
+
+        scopes = ("admin", "read", "submit") if admin else ("read", "submit")
+        kind = "admin" if admin else "user"
+        return IdentityStore(self).add_token(user, kind=kind, scopes=scopes)[0]
 
     def user_for_token(self, token: str) -> tuple[str, bool] | None:
-        with self._sessions() as session:
-            row = session.get(TokenRow, token_digest(token))
-            return (row.user, row.admin) if row else None
+        """(user, admin) for a token in force: not revoked, not expired."""
+        from broker.store.identity import IdentityStore
+
+        found = IdentityStore(self).token(token)
+        if found is None or found.revoked or found.expired(time.time()):
+            return None
+        return found.user, found.admin
 
     def add_agent_token(self, pools: Sequence[str]) -> str:
         token = secrets.token_urlsafe(32)

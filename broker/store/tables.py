@@ -84,8 +84,32 @@ class TokenRow(Base):
     __tablename__ = "tokens"
 
     digest: Mapped[str] = mapped_column(String(64), primary_key=True)  # sha256 of the token
+    id: Mapped[str] = mapped_column(String(16), unique=True)  # the digest's start: for ls/revoke
     user: Mapped[str] = mapped_column(String(64), index=True)
     admin: Mapped[bool] = mapped_column(Boolean, default=False)
+    kind: Mapped[str] = mapped_column(String(16), default="user")  # user, service, admin
+    scopes: Mapped[str] = mapped_column(String(64), default="read,submit")  # comma-separated
+    team: Mapped[str | None] = mapped_column(String(64), nullable=True)  # a service user's team
+    groups: Mapped[str] = mapped_column(Text, default="[]")  # JSON: LDAP groups at login
+    expires_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    revoked: Mapped[bool] = mapped_column(Boolean, default=False)
+    last_used_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+class SessionRow(Base):
+    """A browser's single sign-on session: the cookie holds a random id, kept here as a digest,
+    with the provider's refresh token (so that a user the provider drops loses the session)."""
+
+    __tablename__ = "sessions"
+
+    digest: Mapped[str] = mapped_column(String(64), primary_key=True)  # sha256 of the cookie
+    user: Mapped[str] = mapped_column(String(64), index=True)
+    groups: Mapped[str] = mapped_column(Text, default="[]")  # JSON, from the provider's token
+    csrf_digest: Mapped[str] = mapped_column(String(64))  # sha256 of the CSRF token
+    refresh_token: Mapped[str] = mapped_column(Text, default="")  # the provider's
+    fresh_until: Mapped[float] = mapped_column(Float)  # when the groups are asked again
+    expires_at: Mapped[float] = mapped_column(Float)
     created_at: Mapped[float] = mapped_column(Float)
 
 

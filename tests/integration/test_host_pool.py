@@ -9,7 +9,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import HOST_ACCESS, TASK_PY, shared_folder, submitted_id, wait_for
+from conftest import HOST_ACCESS, TASK_PY, TRUST_CHECKOUTS, shared_folder, submitted_id, wait_for
 
 PY = TASK_PY  # the tasks run as alice, with the system's interpreter
 
@@ -104,11 +104,7 @@ def repo(monkeypatch):
     """Where a checkout of alice's is made: the task runs as alice and clones it. The test
     process (root) reads it too, so git is told to trust a checkout it does not own."""
     folder = shared_folder("klique-repo-")
-    for key, value in {
-        "GIT_CONFIG_COUNT": "1",
-        "GIT_CONFIG_KEY_0": "safe.directory",
-        "GIT_CONFIG_VALUE_0": "*",
-    }.items():
+    for key, value in TRUST_CHECKOUTS.items():
         monkeypatch.setenv(key, value)
     yield folder / "repo"
     shutil.rmtree(folder, ignore_errors=True)

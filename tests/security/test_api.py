@@ -100,7 +100,10 @@ def test_the_api_fuzzed_against_its_own_schema_answers_no_5xx(
     server_factory, who, tmp_path: Path
 ) -> None:
     """Every operation, with generated valid and invalid input: no 5xx, no response outside
-    the documented schema. Nothing may run: the one team's limit is 0."""
+    the documented schema. Nothing may run: the one team's limit is 0. Revoking a token is
+    left out (the fuzzer would revoke its own and test nothing after; test_sign_on.py attacks
+    it), and so is Hypothesis's check of how fast it generates data, which measures this
+    machine's load, not the API."""
     server = server_factory(
         "teams:\n  vision: [alice, admin]\n"
         + RESOURCE
@@ -123,6 +126,8 @@ def test_the_api_fuzzed_against_its_own_schema_answers_no_5xx(
             "--seed",
             "1",
             "--generation-deterministic",
+            "--exclude-path-regex",
+            "/revoke$",
             # How fast examples are generated is the machine's load, not the API's behaviour.
             "--suppress-health-check=too_slow",
             "--no-color",

@@ -1,0 +1,191 @@
+"""Who is calling: a Klique token, a single sign-on access token, or a browser session, each
+turned into one `Caller` (user, team, admin, scopes), under the same rules whichever path."""
+
+from __future__ import annotations
+
+import hmac
+import re
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from broker.domain import Estate
+from broker.identity.authlib_httpx import OAuthError
+from broker.identity.config import IdentityFile, is_admin, team_for
+from broker.identity.oidc import InvalidToken, Provider, ProviderUnreachable
+from broker.names import NAME
+from broker.store.identity import IdentityStore, SessionInfo, TokenInfo
+from broker.store.repository import Store, token_digest
+
+USER_SCOPES = frozenset({"read", "submit"})
+ADMIN_SCOPES = frozenset({"admin", "read", "submit"})
+# A session asks the provider again (refresh: is the user still there, in which groups?)
+# this often at most, or when the provider's access token expires, whichever is sooner.
+SESSION_RECHECK_S = 300.0
+
+
+@dataclass(frozen=True)
+class Caller:
+    user: str
+    admin: bool
+    team: str | None = None
+    kind: str = "user"  # user, service, admin
+    scopes: frozenset[str] = field(default=USER_SCOPES)
+    via: str = "token"  # token, sso (a bearer access token), session (a browser), ldap
+
+
+class Refused(Exception):
+    """Not let in: 401 (who are you?) or 403 (known, not allowed); the message says why."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+LOGIN_HINT = "run `klique login --token TOKEN` (the server prints where its admin token is)"
+SSO_HINT = "run `klique login --sso` again"
+
+
+class Identities:
+    def __init__(self, store: Store, estate: Callable[[], Estate]) -> None:
+        self.store = IdentityStore(store)
+        self.estate = estate
+        self._provider: Provider | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def identity(self) -> IdentityFile | None:
+        return self.estate().identity
+
+    def provider(self) -> Provider | None:
+        settings = self.identity.oidc if self.identity else None
+        if settings is None:
+            return None
+        with self._lock:
+            if self._provider is None or self._provider.settings != settings:
+                self._provider = Provider(settings)
+            return self._provider
+
+    # Klique's own tokens
+
+    def from_token(self, token: str) -> Caller:
+        found = self.store.token(token)
+        if found is None:
+            raise Refused(401, f"missing or unknown token; {LOGIN_HINT}")
+        if found.revoked:
+            raise Refused(401, f"token {found.id} was revoked; ask the platform team for a new one")
+        if found.expired(time.time()):
+            raise Refused(401, f"token {found.id} has expired; ask the platform team for a new one")
+        return self._token_caller(found)
+
+    def _token_caller(self, found: TokenInfo) -> Caller:
+        estate = self.estate()
+        team = found.team if found.kind == "service" else team_for(estate, found.user, found.groups)
+        scopes = ADMIN_SCOPES if found.admin else found.scopes
+        return Caller(found.user, found.admin, team, found.kind, frozenset(scopes), "token")
+
+    # Single sign-on
+
+    def from_access_token(self, token: str) -> Caller:
+        provider = self.provider()
+        if provider is None:
+            raise Refused(401, f"this server has no single sign-on: {LOGIN_HINT}")
+        try:
+            claims = provider.verify(token)
+        except InvalidToken as exc:
+            raise Refused(401, f"the single sign-on token was refused: {exc}; {SSO_HINT}") from None
+        except ProviderUnreachable as exc:
+            raise Refused(401, f"cannot check the single sign-on token now: {exc}") from None
+        return self.from_claims(claims, "sso")
+
+    def from_claims(self, claims: dict[str, Any], via: str) -> Caller:
+        user, groups = self.user_and_groups(claims)
+        return self.person(user, groups, via)
+
+    def user_and_groups(self, claims: dict[str, Any]) -> tuple[str, list[str]]:
+        identity = self.identity
+        assert identity is not None
+        user = claims.get(identity.claims.username)
+        if not isinstance(user, str) or not re.fullmatch(NAME, user):
+            raise Refused(
+                403,
+                f"the provider's token has no usable {identity.claims.username!r} claim (a "
+                "Klique user name: letters, digits, '.', '_', '-'); ask the platform team to "
+                "check identity.claims in the estate",
+            )
+        raw = claims.get(identity.claims.groups) or []
+        groups = [raw] if isinstance(raw, str) else [g for g in raw if isinstance(g, str)]
+        return user, groups
+
+    def person(self, user: str, groups: list[str] | tuple[str, ...], via: str) -> Caller:
+        """A person who logged in through the directory (single sign-on or LDAP)."""
+        estate = self.estate()
+        if self.store.is_service_user(user):
+            raise Refused(403, f"{user!r} is a service user's name; a person cannot log in as it")
+        team = team_for(estate, user, groups)
+        if team is None and self.identity is not None and self.identity.require_team:
+            raise Refused(
+                403,
+                f"user {user!r} is in none of the groups that make a team (identity.groups in "
+                "the estate); ask the platform team to add you to one",
+            )
+        admin = is_admin(estate, groups)
+        return Caller(user, admin, team, "user", ADMIN_SCOPES if admin else USER_SCOPES, via)
+
+    # Browser sessions
+
+    def from_session(self, cookie: str, unsafe: bool, csrf: str | None) -> Caller:
+        found = self.store.session(cookie)
+        if found is None or time.time() >= found.expires_at:
+            if found is not None:
+                self.store.end_session(found.digest)
+            raise Refused(401, "no session, or it has ended; log in again at /auth/login")
+        if unsafe and not _csrf_matches(found, csrf):
+            raise Refused(
+                403,
+                "a request that changes something needs the X-Klique-CSRF header with the "
+                "session's CSRF token (the klique_csrf cookie); see docs/identity.md",
+            )
+        groups = found.groups
+        if time.time() >= found.fresh_until:
+            groups = tuple(self._recheck(found))
+        return self.person(found.user, groups, "session")
+
+    def _recheck(self, found: SessionInfo) -> list[str]:
+        """Ask the provider again (refresh): a user it dropped loses the session here."""
+        provider = self.provider()
+        try:
+            if provider is None:
+                raise InvalidToken("single sign-on is no longer configured")
+            tokens = provider.refresh(found.refresh_token)
+            claims = provider.verify(str(tokens.get("access_token", "")))
+            user, groups = self.user_and_groups(claims)
+            if user != found.user:
+                raise InvalidToken("the provider now names another user")
+        except (InvalidToken, ProviderUnreachable, Refused, OAuthError, httpx.HTTPError) as exc:
+            self.store.end_session(found.digest)
+            raise Refused(
+                401, f"your single sign-on session has ended ({exc}); log in again at /auth/login"
+            ) from None
+        self.store.refresh_session(
+            found.digest,
+            groups,
+            str(tokens.get("refresh_token") or found.refresh_token),
+            session_fresh_until(tokens),
+        )
+        return groups
+
+
+def session_fresh_until(tokens: dict[str, Any]) -> float:
+    expires_in = tokens.get("expires_in")
+    lifetime = float(expires_in) if isinstance(expires_in, int | float) else SESSION_RECHECK_S
+    return time.time() + min(lifetime, SESSION_RECHECK_S)
+
+
+def _csrf_matches(found: SessionInfo, csrf: str | None) -> bool:
+    given = token_digest(csrf or "")
+    return bool(csrf) and hmac.compare_digest(given, found.csrf_digest)
