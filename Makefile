@@ -2,6 +2,8 @@
 VENV := .venv
 BIN := $(VENV)/bin
 export PATH := $(CURDIR)/$(BIN):$(PATH)
+# Test files run in parallel; those that drive the Slurm cluster share one worker.
+TEST_WORKERS ?= 4
 
 .PHONY: demo test install services lint bench clean
 
@@ -21,7 +23,7 @@ services:
 	scripts/services-up
 
 test: install services
-	KLIQUE_REQUIRE_SERVICES=1 $(BIN)/pytest -q
+	KLIQUE_REQUIRE_SERVICES=1 $(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadgroup
 	$(MAKE) lint
 
 lint: install

@@ -7,12 +7,11 @@ import json
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import click
 
-from broker import config
+from broker import cli_sdk, cli_submit, config
 from broker.cli_output import cell, json_option, listing, when
 from broker.client import Client, save_token
 from broker.errors import EstateError, KliqueError
@@ -105,6 +104,12 @@ def login(token: str | None, sso: bool, ldap_user: str | None, api: str | None) 
     help="A package the task needs (repeatable).",
 )
 @click.option(
+    "--requirements",
+    "requirements_local",
+    type=click.Path(exists=True, dir_okay=False),
+    help="A requirements.txt here whose packages the task needs.",
+)
+@click.option(
     "--requirements-file",
     metavar="PATH",
     help="requirements.txt, pyproject.toml or uv.lock in the code, for the task's "
@@ -112,51 +117,77 @@ def login(token: str | None, sso: bool, ldap_user: str | None, api: str | None) 
 )
 @click.option("--image", help="A container image to run in.")
 @click.option("--no-code", is_flag=True, help="Do not capture the git checkout around here.")
+@click.option("--repo", metavar="URL", help="Run a repository that is not checked out here.")
+@click.option("--branch", metavar="B", help="With --repo: its branch (default: its HEAD).")
+@click.option("--commit", metavar="C", help="With --repo: this commit.")
+@click.option("--script", metavar="PATH", help="Run `python3 PATH` (in the repository).")
+@click.option("--args", "script_args", metavar="ARGS", help="The script's arguments, as one line.")
+@click.option("--clone", type=int, metavar="ID", help="A copy of task ID (same code, packages).")
+@click.option("--param", "params", multiple=True, metavar="K=V", help="With --clone: a parameter.")
 @click.option("--wait", is_flag=True, help="Wait for the task to end; exit with its status.")
 @click.option("--json", "as_json", is_flag=True, help="Print the task as JSON.")
-@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def submit(
     resource: str | None,
     project: str,
     name: str,
     env: tuple[str, ...],
     requirements: tuple[str, ...],
+    requirements_local: str | None,
     requirements_file: str | None,
     image: str | None,
     no_code: bool,
+    repo: str | None,
+    branch: str | None,
+    commit: str | None,
+    script: str | None,
+    script_args: str | None,
+    clone: int | None,
+    params: tuple[str, ...],
     wait: bool,
     as_json: bool,
     command: tuple[str, ...],
 ) -> None:
-    """Submit COMMAND as a task: klique submit [OPTIONS] -- CMD ARGS..."""
-    from broker.codecapture import capture
+    """Submit COMMAND as a task: klique submit [OPTIONS] -- CMD ARGS...
 
-    variables = {}
-    for item in env:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint="--env")
-        variables[key] = value
-    code = None if no_code else capture(Path.cwd())
-    body = {
-        "command": list(command),
-        "resource": resource,
-        "project": project,
-        "name": name,
-        "env": variables,
-        "requirements": list(requirements),
-        "requirements_file": requirements_file,
-        "image": image,
-        "code": code.__dict__ if code else None,
-    }
+    Or a script of a repository that is not checked out (--repo URL --branch B --script PATH
+    --args ...), or a copy of an earlier task with edited parameters (--clone ID --param K=V)."""
     client = Client()
-    task = client.post("/tasks", body)
+    if clone is not None:
+        task = client.post(
+            f"/sdk/tasks/{clone}/clone",
+            {
+                "parameters": cli_submit.pairs(params, "--param", json_values=True),
+                "resource": resource,
+                "name": name or None,
+            },
+        )
+        code = None
+    else:
+        if params:
+            raise click.UsageError("--param edits a clone's parameters: give --clone ID too")
+        argv = cli_submit.argv(command, script, script_args)
+        code = cli_submit.code(no_code, repo, branch, commit)
+        packages = list(requirements) + cli_submit.requirement_lines(requirements_local)
+        body = {
+            "command": argv,
+            "resource": resource,
+            "project": project,
+            "name": name,
+            "env": cli_submit.pairs(env, "--env"),
+            "requirements": packages,
+            "requirements_file": requirements_file,
+            "image": image,
+            "code": code.__dict__ if code else None,
+        }
+        task = client.post("/tasks", body)
     if as_json:
         click.echo(json.dumps(task, indent=2))
     else:
         where = f" from {code.repo}@{code.commit[:10]}" if code and code.commit else ""
         diff = f" + {len(code.diff.encode())} bytes of changes" if code and code.diff else ""
-        click.echo(f"task {task['id']} queued on {task['resource']}{where}{diff}")
+        copy = f" (a copy of task {clone})" if clone is not None else ""
+        click.echo(f"task {task['id']} queued on {task['resource']}{where}{diff}{copy}")
     if wait:
         task = _wait(client, task["id"], lambda t: t["state"] in FINAL)
         click.echo(f"task {task['id']} {task['state']}: {task['reason']}")
@@ -205,8 +236,10 @@ def list_tasks(
 @click.argument("task_id", type=int)
 @json_option
 def show(task_id: int, as_json: bool) -> None:
-    """Show one task: its command, code, state history and scalars."""
-    task = Client().get(f"/tasks/{task_id}")
+    """Show one task: its command, code, parameters, state history, scalars, artifacts; for a
+    pipeline, the graph of its steps with each step's state."""
+    client = Client()
+    task = client.get(f"/tasks/{task_id}")
     if as_json:
         click.echo(json.dumps(task, indent=2))
         return
@@ -235,8 +268,10 @@ def show(task_id: int, as_json: bool) -> None:
     if task.get("code"):
         code = task["code"]
         click.echo(
-            f"{'code:':11} {code['repo']}@{code['commit']} (+{code['diff_bytes']} bytes of diff)"
+            f"{'code:':11} {code['repo'] or code['workdir']}@{code['commit']} "
+            f"(+{code['diff_bytes']} bytes of diff)"
         )
+    cli_sdk.show_record(task)
     click.echo("history:")
     for e in task["events"]:
         click.echo(f"  {when(e['time'])}  {e['from']:>9} -> {e['to']:<9} {e['reason']}")
@@ -247,6 +282,7 @@ def show(task_id: int, as_json: bool) -> None:
                 f"  {s['name']} = {s['value']:g}"
                 + (f" (step {s['step']})" if s["step"] is not None else "")
             )
+    cli_sdk.show_steps(client, task_id)
 
 
 @main.command()
@@ -366,6 +402,7 @@ def demo(stop: bool) -> None:
 def _register_platform_commands() -> None:
     from broker import cli_apps, cli_platform
 
+    cli_sdk.register(main)
     main.add_command(cli_apps.app)
     for command in (
         cli_platform.estate,

@@ -98,6 +98,8 @@ async def _pool_problems(estate: Estate) -> list[str]:
             found = []
         finally:
             await driver.close()
+        for note in driver.notes:
+            click.echo(f"note: pool {name}: {note}")
         problems += [f"pools.{name}: {problem}" for problem in found]
     return problems
 

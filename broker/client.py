@@ -136,6 +136,30 @@ class Client:
     def post(self, path: str, body: Any = None) -> Any:
         return self.call("POST", path, json=body)
 
+    def download(self, path: str, dest: Path) -> int:
+        """Stream a download into dest: a new or regular file is written under a temporary name
+        and renamed; anything else (a pipe, /dev/stdout) is written to, never replaced."""
+        regular = not dest.exists() or dest.is_file()
+        target = dest.with_name(f".{dest.name}.partial") if regular else dest
+        size = 0
+        try:
+            with self.http.stream("GET", path) as response:
+                if response.status_code >= 400:
+                    response.read()
+                    raise ApiError(_detail(response))
+                with target.open("wb") as out:
+                    for chunk in response.iter_bytes(1 << 20):
+                        out.write(chunk)
+                        size += len(chunk)
+            if regular:
+                target.replace(dest)
+        except httpx.TransportError as exc:
+            raise ApiError(f"the download from {self.api} broke off ({exc})") from exc
+        finally:
+            if regular:
+                target.unlink(missing_ok=True)
+        return size
+
 
 def _due(entry: dict[str, Any]) -> bool:
     return float(entry.get("expires_at") or 0) - RENEW_BEFORE_S <= time.time()

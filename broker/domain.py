@@ -50,9 +50,13 @@ _S = TaskState
 _IN_POOL_ENDINGS = {_S.COMPLETED, _S.FAILED, _S.CANCELLED, _S.TIMEOUT, _S.LOST}
 
 # The allowed transitions. A task goes back to QUEUED when a pool gives it up before it
-# ran (spill-over, a refused submission) or when it is preempted and requeued.
+# ran (spill-over, a refused submission) or when it is preempted and requeued. Two paths
+# skip the pools: a task that runs locally (the SDK's Task.init outside any pool) is
+# recorded RUNNING at once, and goes to QUEUED when it is sent to a compute resource
+# (execute_remotely); a pipeline step whose outputs are reused from an identical completed
+# step is recorded COMPLETED at once.
 TRANSITIONS: dict[TaskState, frozenset[TaskState]] = {
-    _S.CREATED: frozenset({_S.QUEUED, _S.HELD, _S.FAILED, _S.CANCELLED}),
+    _S.CREATED: frozenset({_S.QUEUED, _S.HELD, _S.RUNNING, _S.COMPLETED, _S.FAILED, _S.CANCELLED}),
     _S.QUEUED: frozenset({_S.PLACED, _S.HELD, _S.FAILED, _S.CANCELLED}),
     _S.HELD: frozenset({_S.QUEUED, _S.CANCELLED}),
     _S.PLACED: frozenset({_S.SUBMITTED, _S.QUEUED, _S.FAILED, _S.CANCELLED}),
@@ -82,6 +86,19 @@ def transition(old: TaskState, new: TaskState) -> TaskState:
             f"a task cannot go from {old.value} to {new.value} (allowed: {allowed})"
         )
     return new
+
+
+class Origin(enum.StrEnum):
+    """Where a task runs: in a pool (placed by the scheduler), or locally, where the SDK's
+    Task.init recorded it (a laptop, a login node), or nowhere: a reused pipeline step."""
+
+    POOL = "pool"
+    LOCAL = "local"
+    CACHED = "cached"
+
+
+# What a locally run task shows as its compute resource and pool, and meters as its pool.
+LOCAL_POOL = "(local)"
 
 
 @dataclass(frozen=True)
@@ -198,6 +215,15 @@ class Limits:
 
 
 @dataclass(frozen=True)
+class ArtifactSettings:
+    """Where the control plane keeps artifacts (an fsspec URL; None: $KLIQUE_HOME/artifacts)
+    and the largest one it accepts; the estate's `artifacts:` section sets them."""
+
+    store: str | None = None
+    max_bytes: int = 10 * 1024**3
+
+
+@dataclass(frozen=True)
 class StaticRoute:
     """A route the platform team made: it outlives the endpoints launched behind it and spreads
     requests over every live one. `teams` may call it; `apps` may serve it (empty: any endpoint)."""
@@ -232,12 +258,14 @@ class Estate:
     max_preemptions_per_cycle: int = 8
     starvation_s: float = 3600.0  # a task waiting longer goes first and pins a host pool
     limits: Limits = field(default_factory=Limits)
+    artifacts: ArtifactSettings = field(default_factory=ArtifactSettings)
+    pipeline_resource: str | None = None  # where pipeline controllers run (None: the default)
     templates_dir: str | None = None  # the site's batch templates, searched before the built-in
     apps: AppSettings = field(default_factory=AppSettings)
     routes: dict[str, StaticRoute] = field(default_factory=dict)
     source: str = "<built-in>"
-    text: str = ""  # the file as written: `klique agent` builds the same estate from it
     identity: IdentityFile | None = None  # single sign-on, LDAP, group -> team
+    text: str = ""  # the file as written: `klique agent` builds the same estate from it
 
     def team_of(self, user: str) -> str | None:
         for team in self.teams.values():
@@ -303,6 +331,12 @@ class Task:
     attempts: int = 0
     diff_bytes: int = 0
     claim: dict[str, Any] | None = None  # the runner's report of its outcome, not yet confirmed
+    origin: Origin = Origin.POOL
+    parent: int | None = None  # the task that made this one (a pipeline's step, say)
+    parameters: dict[str, Any] = field(default_factory=dict)
+    packages: tuple[str, ...] = ()  # as installed where it ran (name==version)
+    inputs: tuple[tuple[int, str], ...] = ()  # artifacts (task, name) it was created to read
+    cache_key: str | None = None
     intent: str | None = None  # asked of the pool's agent: "cancel" or "withdraw"
     created_at: float = 0.0
     queued_at: float | None = None

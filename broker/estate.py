@@ -14,6 +14,7 @@ from pydantic import Field, TypeAdapter, ValidationError
 
 from broker.domain import (
     AppSettings,
+    ArtifactSettings,
     ComputeResource,
     Estate,
     Limits,
@@ -27,7 +28,7 @@ from broker.domain import (
 from broker.errors import EstateError
 from broker.identity.config import IdentityFile, identity_problems
 from broker.pools.registry import kinds
-from broker.pools.settings import PoolSettings, UserMapRuleFile
+from broker.pools.settings import PoolSettings, UserMapRule
 from broker.units import Name, Seconds, SecondsOrZero, SizeMB, Strict
 
 
@@ -62,6 +63,12 @@ class DefaultsFile(Strict):
     reclaim_grace: SecondsOrZero = 120
     max_preemptions_per_cycle: Annotated[int, Field(ge=0)] = 8
     starvation: Seconds = 3600
+    pipeline_resource: Name | None = None  # where pipeline controllers run (a CPU resource)
+
+
+class ArtifactsFile(Strict):
+    store: str | None = None  # an fsspec URL or a path; unset: $KLIQUE_HOME/artifacts
+    max_size: SizeMB = 10 * 1024  # MiB
 
 
 class LimitsFile(Strict):
@@ -83,15 +90,16 @@ class RouteFile(Strict):
 class EstateFile(Strict):
     defaults: DefaultsFile = DefaultsFile()
     limits: LimitsFile = LimitsFile()
+    artifacts: ArtifactsFile = ArtifactsFile()
     templates_dir: str | None = None  # the site's batch templates, searched before the built-in
     teams: dict[Name, list[str]] = {}
     resources: dict[Name, ResourceFile] = Field(min_length=1)
     # Each pool is checked against its kind's own settings model (see _pools).
     pools: dict[Name, dict[str, Any]] = Field(min_length=1)
     policies: dict[Name, PolicyFile] = {}
+    identity: IdentityFile | None = None
     apps: AppsFile = AppsFile()
     routes: dict[Name, RouteFile] = {}
-    identity: IdentityFile | None = None
 
 
 _FIXES = {
@@ -263,6 +271,7 @@ def _cross_check(
                         "under resources:",
                     )
                 )
+    problems += [(path[:-1], path[-1]) for path in identity_problems(model.identity, model.teams)]
     quota_teams = [
         (("apps", "max_running_per_team", t), t) for t in model.apps.max_running_per_team
     ]
@@ -270,15 +279,15 @@ def _cross_check(
     for at, team in quota_teams + route_teams:
         if model.teams and team not in model.teams:
             problems.append((at, f"team {team!r} is not declared; fix: add it under teams:"))
-    problems += [(path[:-1], path[-1]) for path in identity_problems(model.identity, model.teams)]
-    if model.defaults.resource and model.defaults.resource not in model.resources:
-        problems.append(
-            (
-                ("defaults", "resource"),
-                f"compute resource {model.defaults.resource!r} "
-                "is not declared; fix: name one under resources:",
+    for key in ("resource", "pipeline_resource"):
+        named = getattr(model.defaults, key)
+        if named and named not in model.resources:
+            problems.append(
+                (
+                    ("defaults", key),
+                    f"compute resource {named!r} is not declared; fix: name one under resources:",
+                )
             )
-        )
     if not problems:
         estate = _build(model, pools, "")
         problems += [(tuple(path.split(".")), message) for path, message in policy_problems(estate)]
@@ -306,7 +315,7 @@ def _pool_problems(pool: PoolSettings) -> list[tuple[tuple[str, ...], str]]:
                 "and create it with `install -d -m 1777 PATH`",
             )
         )
-    if isinstance(pool.user_map, UserMapRuleFile) and not pool.query_account:
+    if isinstance(pool.user_map, UserMapRule) and not pool.query_account:
         problems.append(
             (
                 ("user_map",),
@@ -381,6 +390,10 @@ def _build(model: EstateFile, pools: dict[str, PoolSettings], source: str) -> Es
             max_request_bytes=model.limits.max_request * 1024 * 1024,
             max_diff_bytes=model.limits.max_diff * 1024 * 1024,
         ),
+        artifacts=ArtifactSettings(
+            store=model.artifacts.store, max_bytes=model.artifacts.max_size * 1024 * 1024
+        ),
+        pipeline_resource=model.defaults.pipeline_resource,
         templates_dir=model.templates_dir,
         apps=AppSettings(
             catalogue=_beside(source, model.apps.catalogue),
@@ -406,16 +419,11 @@ def _beside(source: str, folder: str | None) -> str | None:
 def _build_pool(name: str, p: PoolSettings) -> Pool:
     """The domain's Pool: the fields placement reads, and the kind's own settings."""
     settings = p.model_dump(exclude={"kind", "user_map"})
-    if isinstance(p.user_map, UserMapRuleFile):
-        user_map = UserMap(rule=p.user_map.rule, deny=frozenset(p.user_map.deny))
-    else:
-        accounts = dict(p.user_map)
-        user_map = UserMap(accounts, accounts.pop("default", None))
     return Pool(
         name=name,
         kind=p.kind,
         queueing=kinds()[p.kind].queueing,
-        user_map=user_map,
+        user_map=_user_map(p),
         slots=settings.pop("slots", 1),
         gpus=settings.pop("gpus", 0),
         gpu_memory_mb=settings.pop("gpu_memory", 0),
@@ -426,6 +434,13 @@ def _build_pool(name: str, p: PoolSettings) -> Pool:
         skip_directives=tuple(settings.pop("skip_directives", ())),
         settings=settings,
     )
+
+
+def _user_map(p: PoolSettings) -> UserMap:
+    if isinstance(p.user_map, UserMapRule):
+        return UserMap(rule=p.user_map.rule, deny=frozenset(p.user_map.deny))
+    accounts = dict(p.user_map)
+    return UserMap(accounts, accounts.pop("default", None))
 
 
 def builtin_estate_text(slots: int | None = None, pool_lines: str = "") -> str:

@@ -28,3 +28,9 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 def has_control(text: str) -> bool:
     return _CONTROL.search(text) is not None
+
+
+# Artifacts: a name like an identifier (never a path), and a file's own name (no folder, no
+# leading dot: "." and ".." cannot be written).
+ARTIFACT = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+FILENAME = r"^[A-Za-z0-9_][A-Za-z0-9._ +-]{0,254}$"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -38,6 +39,13 @@ def write_status(job_dir: str, state: dict) -> None:
 
 def write_exit(job_dir: str, result: dict) -> None:
     write_json(os.path.join(job_dir, EXIT_FILE), result)
+
+
+def forget_outcome(job_dir: str) -> None:
+    """A run that starts again in the same folder (the scheduler requeued its job after a node
+    failure or a preemption) must not leave the earlier run's ending to be read as its own."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(os.path.join(job_dir, EXIT_FILE))
 
 
 def above_stdio(fd: int) -> int:

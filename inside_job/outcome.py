@@ -63,7 +63,24 @@ def classify(
         return result(exit_code, "signalled", f"killed by {signal_name(signum)}{hint}", signum)
     if exit_code == 0:
         return result(0, "completed", "exited with code 0")
-    return result(exit_code, "failed", f"exited with code {exit_code}")
+    said = task_reason(job_dir)
+    return result(
+        exit_code, "failed", f"exited with code {exit_code}" + (f": {said}" if said else "")
+    )
+
+
+REASON_FILE = "reason.txt"  # the task's own word on why it failed (the SDK writes it)
+
+
+def task_reason(job_dir: str) -> str:
+    """The first line of the task's reason.txt, printable and short, or ''."""
+    try:
+        with open(os.path.join(job_dir, REASON_FILE), "rb") as f:
+            data = f.read(1000)
+    except OSError:
+        return ""
+    line = data.decode("utf-8", "replace").strip().split("\n", 1)[0]
+    return "".join(c if c.isprintable() else " " for c in line)[:500]
 
 
 def stamp(res: dict, started: float | None) -> dict:

@@ -16,8 +16,12 @@ def scalar(name: str, value: float, step: int | None = None) -> None:
     if not isinstance(name, str) or not name:
         raise ValueError("scalar name must be a non-empty string")
     job_dir = os.environ.get("KLIQUE_JOB_DIR")
-    if not job_dir:
-        return
+    if job_dir:
+        append(job_dir, name, value, step)
+
+
+def append(folder: str, name: str, value: float, step: int | None = None) -> None:
+    """Append one scalar to folder/scalars.jsonl (the runner, or the SDK, reports it)."""
     number = float(value)
     item = {
         "name": name,
@@ -26,7 +30,7 @@ def scalar(name: str, value: float, step: int | None = None) -> None:
         "time": time.time(),
     }
     line = (json.dumps(item) + "\n").encode("utf-8")
-    fd = os.open(os.path.join(job_dir, SCALARS_FILE), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    fd = os.open(os.path.join(folder, SCALARS_FILE), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     try:
         os.write(fd, line)
     finally:

@@ -39,8 +39,8 @@ class Reporter:
             self._states.append(status)
         self._wake.set()
 
-    def close(self, exit_result: dict, deadline_s: float = 5.0) -> None:
-        """Send the rest and the exit; gives up after deadline_s so the job can end."""
+    def close(self, exit_result: dict | None, deadline_s: float = 5.0) -> None:
+        """Send the rest and the exit (if any); gives up after deadline_s so the job can end."""
         with self._lock:
             self._exit = exit_result
         self._stop.set()

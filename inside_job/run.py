@@ -162,6 +162,7 @@ def run(job_dir: str) -> int:
     """Run the task of job_dir; the return value is the task's exit code (setup failure: 125)."""
     job_dir = os.path.abspath(job_dir)
     try:
+        jobfiles.forget_outcome(job_dir)
         current = Run(job_dir)
     except OSError as exc:
         sys.stderr.write(f"klique-runner: cannot use job directory {job_dir}: {exc.strerror}\n")

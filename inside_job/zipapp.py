@@ -1,4 +1,5 @@
-"""Build klique-runner.pyz: the zipapp of this package that the broker puts in a job directory."""
+"""Build klique-runner.pyz: the zipapp of this package (and the `klique` SDK) that the broker
+puts in a job directory."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ if TYPE_CHECKING:
     from pathlib import Path
 
 PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+# The researcher's SDK travels with the runner: `import klique` works in every job.
+SDK_DIR = os.path.join(os.path.dirname(PACKAGE_DIR), "klique")
 # zipapp's own main= wrapper drops the return value; this one makes it the exit status.
 _ARCHIVE_MAIN = "import sys\nfrom inside_job.__main__ import main\nsys.exit(main())\n"
 
@@ -34,11 +37,12 @@ def _add_module(source: str, dest: str) -> None:
 def build(dest: Path) -> Path:
     """Write the zipapp to dest (atomically) and return dest."""
     with tempfile.TemporaryDirectory(prefix="klique-pyz-") as tmp:
-        package = os.path.join(tmp, "inside_job")
-        os.mkdir(package)
-        for name in sorted(os.listdir(PACKAGE_DIR)):
-            if name.endswith(".py"):
-                _add_module(os.path.join(PACKAGE_DIR, name), os.path.join(package, name))
+        for source in (PACKAGE_DIR, SDK_DIR):
+            package = os.path.join(tmp, os.path.basename(source))
+            os.mkdir(package)
+            for name in sorted(os.listdir(source)):
+                if name.endswith(".py"):
+                    _add_module(os.path.join(source, name), os.path.join(package, name))
         with open(os.path.join(tmp, "__main__.py"), "w", encoding="utf-8") as f:
             f.write(_ARCHIVE_MAIN)
         partial = f"{dest}.{os.getpid()}.tmp"

@@ -10,7 +10,8 @@ from typing import Any
 from conftest import TASK_PY, Server, wait_for
 
 # An HTTP app: answers every request with its instance's name, the path and the headers it
-# received, as JSON; `/set-cookie` also tries to set the route's own cookie.
+# received, as JSON; `/set-cookie` also tries to set Klique's own cookies (the route's, and a
+# browser session's with its CSRF token).
 ECHO = """
 import http.server, json, sys
 port, name = int(sys.argv[1]), sys.argv[2]
@@ -21,6 +22,8 @@ class Echo(http.server.BaseHTTPRequestHandler):
         self.send_response(200)
         if self.path.endswith("/set-cookie"):
             self.send_header("Set-Cookie", "klique_route=planted; Path=/")
+            self.send_header("Set-Cookie", "klique_session=planted; Path=/")
+            self.send_header("Set-Cookie", "klique_csrf=planted; Path=/")
             self.send_header("Set-Cookie", "app_cookie=fine; Path=/")
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))

@@ -27,6 +27,7 @@ from conftest_services import (  # noqa: E402, F401
     oidc_url,
     postgres_url,
     services_on,
+    site_slurm_cluster,
     skip_reason,
     slurm_cluster,
     sshd,
@@ -38,14 +39,27 @@ from broker.cli import main  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests of an opt-in marker are skipped, saying why in one line, unless turned on."""
+    """Each file's tests stay together on one worker of a parallel run (`-n N --dist
+    loadgroup`), and every file that drives the one Slurm cluster shares a single worker, so
+    the cluster sees one test at a time, as in a serial run. Tests of an opt-in marker are
+    skipped, saying why in one line, unless turned on."""
+    on_slurm = {item.path for item in items if _drives_slurm(item)}
+    for item in items:
+        group = "slurm-cluster" if item.path in on_slurm else item.nodeid.split("::", 1)[0]
+        item.add_marker(pytest.mark.xdist_group(group))
     if services_on():
         return
     for item in items:
         needs = [what for marker, what in SERVICE_MARKERS.items() if marker in item.keywords]
         if needs:
             item.add_marker(pytest.mark.skip(reason=skip_reason(" and ".join(needs))))
+
+
+def _drives_slurm(item: pytest.Item) -> bool:
+    marked = any(item.get_closest_marker(name) for name in ("slurm", "chaos"))
+    return marked or "slurm_cluster" in getattr(item, "fixturenames", ())
 
 
 FINAL = {"completed", "failed", "cancelled", "timeout", "lost"}
@@ -73,7 +87,9 @@ def installed_klique(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder.chmod(0o755)
     dist = folder / "dist"
     steps = [
-        [uv, "build", "--wheel", "--out-dir", str(dist), str(ROOT)],
+        # the wheel is built from the sdist, as a package index serves it: never from a
+        # stale build/ folder left in the checkout
+        [uv, "build", "--out-dir", str(dist), str(ROOT)],
         [uv, "venv", "--quiet", "--python", TASK_PY, str(folder / "venv")],
     ]
     for argv in steps:

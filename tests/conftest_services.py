@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,12 +30,12 @@ def services_on() -> bool:
 
 
 def skip_reason(what: str) -> str:
-    return (
-        f"needs {what}: run `make test`, or scripts/services-up then KLIQUE_SERVICES=1 pytest"
-    )
+    return f"needs {what}: run `make test`, or scripts/services-up then KLIQUE_SERVICES=1 pytest"
 
 
-def run_script(name: str, *args: str, timeout: float = 900) -> str:
+def run_script(
+    name: str, *args: str, timeout: float = 900, env: dict[str, str] | None = None
+) -> str:
     """Run scripts/NAME and return the last line it printed; fail with its output otherwise.
     Services that are not turned on are never started (their scripts may install packages)."""
     if name != "test-users" and not services_on():
@@ -46,7 +47,12 @@ def run_script(name: str, *args: str, timeout: float = 900) -> str:
             pytest.fail(message, pytrace=False)
         pytest.skip(message)
     done = subprocess.run(
-        [str(script), *args], capture_output=True, text=True, timeout=timeout, check=False
+        [str(script), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        env={**os.environ, **(env or {})},
     )
     if done.returncode != 0:
         pytest.fail(
@@ -89,6 +95,32 @@ def slurm_cluster(test_users: tuple[str, str]) -> SlurmCluster:
     return SlurmCluster(
         folder, folder / "etc/slurm.conf", folder / "work", folder / "log/jobcomp.txt"
     )
+
+
+# A second, private cluster beside the shared one, with a site's ordinary settings that the shared
+# cluster must not be given: PrivateData=jobs (squeue shows each user only their own jobs) and
+# JobRequeue=1 (a batch job goes back to the queue after a node failure). Its own folder and
+# ports; munge is shared; /etc/slurm keeps pointing at the shared cluster.
+SITE_SLURM = {
+    "KLIQUE_SLURM_DIR": "/tmp/klique-slurm-sites",
+    "KLIQUE_SLURM_CTLD_PORT": "6917",
+    "KLIQUE_SLURM_SLURMD_PORT": "6918",
+    "KLIQUE_SLURM_CLUSTER": "sites",
+    "KLIQUE_SLURM_CONF_EXTRA": "PrivateData=jobs\nJobRequeue=1",
+}
+
+
+@pytest.fixture(scope="session")
+def site_slurm_cluster(test_users: tuple[str, str]) -> Iterator[SlurmCluster]:
+    """A private cluster with PrivateData=jobs and JobRequeue=1 (use its `conf` as SLURM_CONF);
+    stopped at the end of the session, its state kept."""
+    env = dict(SITE_SLURM)
+    run_script("slurm-up", env=env)
+    folder = Path(env["KLIQUE_SLURM_DIR"])
+    yield SlurmCluster(
+        folder, folder / "etc/slurm.conf", folder / "work", folder / "log/jobcomp.txt"
+    )
+    run_script("slurm-down", env=env)
 
 
 @pytest.fixture(scope="session")

@@ -14,6 +14,7 @@ from fastapi import APIRouter, Depends, Header, HTTPException
 from fastapi import Path as PathParam
 from pydantic import BaseModel, Field
 
+from broker.api.auth import bearer
 from broker.domain import TaskState
 from broker.errors import NotFound, NotPermitted
 from broker.names import LINE, NAME
@@ -81,7 +82,7 @@ def agent_router(scheduler: Scheduler, admin_only: Callable[..., Any]) -> APIRou
     link = scheduler.link
 
     def agent_pools(authorization: Annotated[str | None, Header()] = None) -> list[str]:
-        token = (authorization or "").removeprefix("Bearer ").strip()
+        token = bearer(authorization)
         pools = store.pools_for_agent_token(token) if token else None
         if pools is None:
             raise HTTPException(401, "missing or unknown agent token")
@@ -98,7 +99,8 @@ def agent_router(scheduler: Scheduler, admin_only: Callable[..., Any]) -> APIRou
 
     @router.post("/agent-tokens", status_code=201)
     def create_agent_token(
-        body: AgentTokenRequest, _admin: Any = Depends(admin_only)  # noqa: B008
+        body: AgentTokenRequest,
+        _admin: Any = Depends(admin_only),  # noqa: B008
     ) -> dict[str, Any]:
         unknown = [p for p in body.pools if p not in scheduler.remote]
         if unknown:
@@ -110,7 +112,8 @@ def agent_router(scheduler: Scheduler, admin_only: Callable[..., Any]) -> APIRou
 
     @router.get("/agent/pools/{pool}")
     def pool_estate(
-        pool: PoolName, pools: list[str] = Depends(agent_pools)  # noqa: B008
+        pool: PoolName,
+        pools: list[str] = Depends(agent_pools),  # noqa: B008
     ) -> dict[str, str]:
         """The estate the agent builds its driver from, and the pool's interval."""
         may_serve(pool, pools)
@@ -119,7 +122,8 @@ def agent_router(scheduler: Scheduler, admin_only: Callable[..., Any]) -> APIRou
 
     @router.get("/agent/pools/{pool}/tasks")
     def pool_tasks(
-        pool: PoolName, pools: list[str] = Depends(agent_pools)  # noqa: B008
+        pool: PoolName,
+        pools: list[str] = Depends(agent_pools),  # noqa: B008
     ) -> list[dict[str, Any]]:
         """The pool's tasks: placed, submitted, pending, running; with their intents."""
         may_serve(pool, pools)
@@ -127,7 +131,9 @@ def agent_router(scheduler: Scheduler, admin_only: Callable[..., Any]) -> APIRou
 
     @router.post("/agent/pools/{pool}/calls")
     async def pool_calls(
-        pool: PoolName, body: AgentCalls, pools: list[str] = Depends(agent_pools)  # noqa: B008
+        pool: PoolName,
+        body: AgentCalls,
+        pools: list[str] = Depends(agent_pools),  # noqa: B008
     ) -> dict[str, list[Any]]:
         """The agent's reports, in order; one result each."""
         may_serve(pool, pools)

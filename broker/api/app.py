@@ -10,12 +10,14 @@ from fastapi import Path as PathParam
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
+from broker.api import artifacts, sdk
 from broker.api.agents import agent_router
-from broker.api.auth import Auth, Caller, bearer, caller, owned_task, report_token_valid
+from broker.api.auth import Auth, Caller, bearer, owned_task, report_token_valid
 from broker.api.create import new_task
 from broker.api.identity import identity_router
 from broker.api.limits import BodyLimit
 from broker.api.schemas import (
+    ArtifactOut,
     LogChunk,
     PoolOut,
     Report,
@@ -28,6 +30,7 @@ from broker.api.schemas import (
     UsageOut,
     WhyOut,
 )
+from broker.artifacts import ArtifactStore
 from broker.domain import CodeSpec, Task, TaskSpec, TaskState
 from broker.errors import KliqueError, NotFound, NotPermitted
 from broker.estate import parse_estate
@@ -70,7 +73,15 @@ def create_app(scheduler: Scheduler, lifespan: Any = None) -> FastAPI:
         description="Submit tasks to compute resources; follow, explain and cancel them.",
     )
     app.state.scheduler = scheduler
-    app.add_middleware(BodyLimit, limit=lambda: scheduler.estate.limits.max_request_bytes)
+    settings = scheduler.estate.artifacts
+    app.state.artifacts = ArtifactStore(settings.store, scheduler.home, settings.max_bytes)
+    app.add_middleware(
+        BodyLimit,
+        limit=lambda: scheduler.estate.limits.max_request_bytes,
+        skip=artifacts.streams_itself,
+    )
+    app.include_router(sdk.router)
+    app.include_router(artifacts.router)
 
     @app.exception_handler(KliqueError)
     async def _klique_error(_request: Request, exc: KliqueError) -> JSONResponse:
@@ -78,8 +89,8 @@ def create_app(scheduler: Scheduler, lifespan: Any = None) -> FastAPI:
         return JSONResponse({"detail": str(exc)}, status_code=status)
 
     identities = Identities(scheduler.store, lambda: scheduler.estate)
-    app.state.identities = identities
-    app.include_router(identity_router(identities, caller, API))
+    app.state.identities = identities  # broker/api/auth.py finds callers through it
+    app.include_router(identity_router(identities, API))
 
     def admin(who: Auth) -> Caller:
         if not who.admin:
@@ -166,6 +177,7 @@ def create_app(scheduler: Scheduler, lifespan: Any = None) -> FastAPI:
         task = await asyncio.to_thread(own_task, task_id, who)
         if not task.state.final:
             task = await scheduler.cancel(task)
+            await sdk.cancel_steps(scheduler, task.id)
         return await asyncio.to_thread(_task_out, task, scheduler)
 
     @app.post(f"{API}/tasks/{{task_id}}/report")
@@ -310,6 +322,8 @@ def _task_out(task: Task, scheduler: Scheduler, detail: bool = False) -> TaskOut
     if detail:
         out.events = scheduler.store.events(task.id)
         out.scalars = scheduler.store.scalars(task.id)
+        out.packages = list(task.packages)
+        out.artifacts = [ArtifactOut(**a) for a in scheduler.store.artifacts(task.id)]
     return out
 
 

@@ -10,7 +10,7 @@ from fastapi import APIRouter, HTTPException, Request
 from fastapi import Path as PathParam
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from broker.api.auth import Auth, Caller
+from broker.api.auth import Auth, Caller, scheduler_of
 from broker.api.create import check_task, new_task
 from broker.apps import launch
 from broker.apps.catalogue import App, load_catalogue
@@ -110,11 +110,6 @@ class InstanceOut(BaseModel):
     finished_at: float | None
 
 
-def _scheduler(request: Request) -> Scheduler:
-    scheduler: Scheduler = request.app.state.scheduler
-    return scheduler
-
-
 def catalogue(scheduler: Scheduler) -> dict[str, App]:
     return load_catalogue(scheduler.estate)
 
@@ -175,7 +170,7 @@ def instance_out(task: Task, request: Request) -> InstanceOut:
 
 @router.get("/apps")
 def list_apps(request: Request, who: Auth) -> list[AppOut]:
-    scheduler = _scheduler(request)
+    scheduler = scheduler_of(request)
     locks = AppStore(scheduler.store).locks()
     return [_app_out(app, locks) for app in catalogue(scheduler).values()]
 
@@ -198,7 +193,7 @@ def list_instances(
     request: Request, who: Auth, all_users: bool = False, ended: bool = False
 ) -> list[InstanceOut]:
     """Your apps (everyone's with all_users, for admins); those not yet ended unless `ended`."""
-    scheduler = _scheduler(request)
+    scheduler = scheduler_of(request)
     owner = None if (all_users and who.admin) else who.user
     states = None if ended else launch.COUNTED
     tasks = scheduler.store.tasks(owner=owner, states=states, newest_first=True, with_diff=False)
@@ -214,7 +209,7 @@ def show_instance(task_id: InstanceId, request: Request, who: Auth) -> InstanceO
 async def stop_instance(task_id: InstanceId, request: Request, who: Auth) -> InstanceOut:
     """Stop a running app: its route takes no new request, those in flight finish (up to a
     few seconds), then the task is cancelled and its compute resource freed."""
-    scheduler = _scheduler(request)
+    scheduler = scheduler_of(request)
     task = _own_instance(request, task_id, who)
     if not task.state.final:
         await request.app.state.route_hub.drain(task.id)
@@ -223,7 +218,7 @@ async def stop_instance(task_id: InstanceId, request: Request, who: Auth) -> Ins
 
 
 def _own_instance(request: Request, task_id: int, who: Caller) -> Task:
-    task = _scheduler(request).store.get(task_id)
+    task = scheduler_of(request).store.get(task_id)
     if (task.owner != who.user and not who.admin) or task.spec.kind != launch.APPLICATION:
         raise NotFound(f"no app {task_id} of yours; `klique app ls` lists your apps")
     return task
@@ -231,7 +226,7 @@ def _own_instance(request: Request, task_id: int, who: Caller) -> Task:
 
 @router.get("/apps/{name}")
 def show_app(name: AppName, request: Request, who: Auth) -> AppOut:
-    scheduler = _scheduler(request)
+    scheduler = scheduler_of(request)
     return _app_out(the_app(scheduler, name), AppStore(scheduler.store).locks())
 
 
@@ -239,7 +234,7 @@ def show_app(name: AppName, request: Request, who: Auth) -> AppOut:
 def launch_app(name: AppName, body: LaunchRequest, request: Request, who: Auth) -> InstanceOut:
     """Launch an app as a task of kind application; refused, with the rule and the fix, when
     the app is locked or a running-app quota is full."""
-    scheduler = _scheduler(request)
+    scheduler = scheduler_of(request)
     app = the_app(scheduler, name)
     launch.check_lock(app, AppStore(scheduler.store).locks())
     resource = body.resource or scheduler.estate.default_resource or ""
@@ -281,7 +276,7 @@ def launch_app(name: AppName, body: LaunchRequest, request: Request, who: Auth) 
 def lock_app(name: AppName, body: LockRequest, request: Request, who: Auth) -> LockOut:
     """(admin) Refuse new launches of an app, with the reason users will read."""
     _admin(who, "lock an app")
-    scheduler = _scheduler(request)
+    scheduler = scheduler_of(request)
     the_app(scheduler, name)
     lock = AppStore(scheduler.store).lock(name, body.reason, who.user)
     return LockOut(app=name, locked=True, reason=lock.reason, locked_by=lock.locked_by)
@@ -291,7 +286,7 @@ def lock_app(name: AppName, body: LockRequest, request: Request, who: Auth) -> L
 def unlock_app(name: AppName, request: Request, who: Auth) -> LockOut:
     """(admin) Let an app be launched again."""
     _admin(who, "unlock an app")
-    scheduler = _scheduler(request)
+    scheduler = scheduler_of(request)
     the_app(scheduler, name)
     AppStore(scheduler.store).unlock(name)
     return LockOut(app=name, locked=False, reason="", locked_by="")
@@ -299,7 +294,7 @@ def unlock_app(name: AppName, request: Request, who: Auth) -> LockOut:
 
 @router.get("/routes")
 def list_routes(request: Request, who: Auth) -> list[RouteOut]:
-    scheduler = _scheduler(request)
+    scheduler = scheduler_of(request)
     return [_route_out(r, request) for r in static_routes(scheduler).values()]
 
 
@@ -323,7 +318,7 @@ def create_route(body: RouteRequest, request: Request, who: Auth) -> RouteOut:
     """(admin) A static route: endpoints launched behind it serve its teams, one after another
     or several at once; it outlives them."""
     _admin(who, "create a static route")
-    scheduler = _scheduler(request)
+    scheduler = scheduler_of(request)
     route = StaticRoute(body.name, tuple(body.teams), tuple(body.apps), who.user)
     if body.name in scheduler.estate.routes or not AppStore(scheduler.store).add_route(route):
         raise HTTPException(409, f"route {body.name} exists already; choose another name")
@@ -335,7 +330,7 @@ def create_route(body: RouteRequest, request: Request, who: Auth) -> RouteOut:
 def delete_route(name: RouteName, request: Request, who: Auth) -> dict[str, bool]:
     """(admin) Remove a static route made through the API (the estate's stay)."""
     _admin(who, "delete a static route")
-    scheduler = _scheduler(request)
+    scheduler = scheduler_of(request)
     if name in scheduler.estate.routes:
         raise NotPermitted(f"route {name} is declared in the estate; remove it there")
     if not AppStore(scheduler.store).remove_route(name):

@@ -1,78 +1,145 @@
-"""The one authentication dependency every route uses: a Klique token or a single sign-on
-access token (`Authorization: Bearer ...`), or a browser session cookie (with its CSRF header
-for requests that change something). Read-only tokens may only read. Also the checks every
-path shares: report tokens, and whose task a task is."""
+"""Who is calling, one way for the API, routes and MCP: a Klique token or a single sign-on
+access token (`Authorization: Bearer ...`), or a browser session cookie (with its CSRF header for
+requests that change something). A token's scopes decide what it may do: `read` for requests
+that only look, `submit` for the others. For the SDK's endpoints, also a task's report token,
+which speaks for its own task (the SDK inside a job, a pipeline's controller) and the steps that
+task creates. Also here: the caller's own task."""
 
 from __future__ import annotations
 
 import hmac
-from typing import Annotated
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Annotated
 
-from fastapi import Depends, Header, HTTPException, Request
+from fastapi import Depends, FastAPI, Header, HTTPException, Request
 
 from broker.domain import Task
 from broker.errors import NotFound
 from broker.identity.resolve import Caller, Identities, Refused
 from broker.store.repository import Store, token_digest
 
-__all__ = ["Auth", "Caller", "caller", "caller_of", "owned_task", "report_token_valid"]
+if TYPE_CHECKING:
+    from broker.scheduler.loop import Scheduler
+
+__all__ = [
+    "Actor",
+    "ActorAuth",
+    "Auth",
+    "Caller",
+    "bearer",
+    "caller",
+    "caller_of",
+    "owned_task",
+    "report_token_valid",
+    "scheduler_of",
+]
 
 SESSION_COOKIE = "klique_session"
 CSRF_COOKIE = "klique_csrf"
 CSRF_HEADER = "X-Klique-CSRF"
-SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+SAFE = frozenset({"GET", "HEAD", "OPTIONS"})
 _NO_TASK = token_digest("")  # compared against when the id is unknown: the same work either way
+UNKNOWN_CALLER = (
+    "missing or unknown token; run `klique login --token TOKEN` (the server prints where its "
+    "admin token is), or `klique login --sso` where single sign-on is set up"
+)
+
+
+def scheduler_of(request: Request) -> Scheduler:
+    scheduler: Scheduler = request.app.state.scheduler
+    return scheduler
 
 
 def bearer(authorization: str | None) -> str:
     return (authorization or "").removeprefix("Bearer ").strip()
 
 
-def identities_of(request: Request) -> Identities:
-    identities: Identities = request.app.state.identities
+def identities_of(app: FastAPI) -> Identities:
+    identities: Identities = app.state.identities
     return identities
 
 
-def caller(request: Request, authorization: Annotated[str | None, Header()] = None) -> Caller:
-    """The API's authentication dependency: 401 or 403 with the reason and the fix."""
+def from_bearer(identities: Identities, token: str) -> Caller:
+    """The caller a bearer token names; Refused when it names none."""
+    if not token:
+        raise Refused(401, UNKNOWN_CALLER)
+    # Klique's tokens are URL-safe base64 without dots; a JWT has two.
+    if token.count(".") == 2:
+        return identities.from_access_token(token)
+    return identities.from_token(token)
+
+
+def caller_of(identities: Identities, token: str) -> Caller | None:
+    """The caller a bearer token names, or None (routes and MCP say "who are you?" their way)."""
     try:
-        who = _resolve(identities_of(request), request, authorization)
+        return from_bearer(identities, token)
+    except Refused:
+        return None
+
+
+def scope_problem(who: Caller, needed: str) -> str | None:
+    """Why this caller may not make a request that needs `needed` (read, submit), if so."""
+    if needed in who.scopes:
+        return None
+    return (
+        f"this token may only {' and '.join(sorted(who.scopes))}; this request needs the "
+        f"{needed!r} scope (ask for a token with --scope {needed})"
+    )
+
+
+def needed_scope(method: str) -> str:
+    return "read" if method in SAFE else "submit"
+
+
+def caller(request: Request, authorization: Annotated[str | None, Header()] = None) -> Caller:
+    """The API's authentication dependency: 401 with the fix when the caller is not known,
+    403 when their token's scopes do not allow the request."""
+    try:
+        who = _resolve(identities_of(request.app), request, authorization)
     except Refused as exc:
         raise HTTPException(exc.status, str(exc)) from None
-    needed = "read" if request.method in SAFE_METHODS else "submit"
-    if needed not in who.scopes:
-        raise HTTPException(
-            403,
-            f"this token may only {' and '.join(sorted(who.scopes))}; this request needs "
-            f"the {needed!r} scope (ask for a token with --scope {needed})",
-        )
+    problem = scope_problem(who, needed_scope(request.method))
+    if problem:
+        raise HTTPException(403, problem)
     return who
-
-
-Auth = Annotated[Caller, Depends(caller)]
 
 
 def _resolve(identities: Identities, request: Request, authorization: str | None) -> Caller:
     token = bearer(authorization)
     if token:
-        return caller_of(identities, token)
+        return from_bearer(identities, token)
     cookie = request.cookies.get(SESSION_COOKIE)
     if cookie:
-        unsafe = request.method not in SAFE_METHODS
+        unsafe = request.method not in SAFE
         return identities.from_session(cookie, unsafe, request.headers.get(CSRF_HEADER))
-    raise Refused(
-        401,
-        "missing or unknown token; run `klique login --token TOKEN` (the server prints where "
-        "its admin token is), or `klique login --sso` where single sign-on is set up",
-    )
+    raise Refused(401, UNKNOWN_CALLER)
 
 
-def caller_of(identities: Identities, token: str) -> Caller:
-    """Who a bearer token is: a Klique token, or a single sign-on access token (a JWT)."""
-    # Klique's tokens are URL-safe base64 without dots; a JWT has two.
-    if token.count(".") == 2:
-        return identities.from_access_token(token)
-    return identities.from_token(token)
+Auth = Annotated[Caller, Depends(caller)]
+
+
+@dataclass(frozen=True)
+class Actor(Caller):
+    """A caller; `task` is set when a task's report token speaks (as the task's owner)."""
+
+    task: int | None = None
+
+
+def actor(request: Request, authorization: Annotated[str | None, Header()] = None) -> Actor:
+    """A user's credential (as `caller` checks it, scopes included), else a live task's report
+    token: that task (never another)."""
+    token = bearer(authorization)
+    task = None
+    if token and token.count(".") != 2:  # a report token is never a JWT
+        store = scheduler_of(request).store
+        task = store.task_for_report_digest(token_digest(token))
+    if task is not None and not task.state.final:
+        return Actor(task.owner, False, team=task.team, task=task.id)
+    who = caller(request, authorization)
+    return Actor(**{f.name: getattr(who, f.name) for f in fields(who)})
+
+
+ActorAuth = Annotated[Actor, Depends(actor)]
 
 
 def report_token_valid(store: Store, task_id: int, token: str) -> bool:

@@ -1,14 +1,30 @@
-"""Every path creates a task the same way: the CLI's submit, app launches, MCP. The checks a
-new task passes (its compute resource, its diff's size, the team's policy) live here once."""
+"""Every path creates a task the same way: the CLI's submit, the SDK and its pipelines, app
+launches, MCP. The checks a new task passes (its compute resource, its diff's size, the team's
+policy) live here once."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from fastapi import HTTPException
 
 from broker.api.auth import Caller
-from broker.domain import Task, TaskSpec
+from broker.domain import LOCAL_POOL, Estate, Task, TaskSpec, TaskState
 from broker.errors import NotFound, NotPermitted
 from broker.scheduler.loop import Scheduler
+
+
+def check_code(estate: Estate, spec: TaskSpec) -> None:
+    """Refuse a diff over the estate's limit (413, with the fix)."""
+    diff = len(spec.code.diff.encode()) if spec.code is not None else 0
+    if diff > estate.limits.max_diff_bytes:
+        raise HTTPException(
+            413,
+            f"the uncommitted diff is {diff} bytes, over this "
+            f"server's limit of {estate.limits.max_diff_bytes}; fix: commit and push the "
+            "change, ignore large files in .gitignore, or ask the platform team to raise "
+            "limits.max_diff in the estate",
+        )
 
 
 def check_task(scheduler: Scheduler, who: Caller, spec: TaskSpec) -> str | None:
@@ -20,16 +36,8 @@ def check_task(scheduler: Scheduler, who: Caller, spec: TaskSpec) -> str | None:
             f"unknown compute resource {spec.resource!r}; known: {known} "
             "(`klique resources` lists them)"
         )
-    diff = len(spec.code.diff.encode()) if spec.code is not None else 0
-    if diff > estate.limits.max_diff_bytes:
-        raise HTTPException(
-            413,
-            f"the uncommitted diff is {diff} bytes, over this "
-            f"server's limit of {estate.limits.max_diff_bytes}; fix: commit and push the "
-            "change, ignore large files in .gitignore, or ask the platform team to raise "
-            "limits.max_diff in the estate",
-        )
-    team = who.team  # from the token, or the person's groups (broker/identity/resolve.py)
+    check_code(estate, spec)
+    team = who.team
     if not estate.permitted(team, spec.resource):
         raise NotPermitted(
             f"team {team or '(none)'} may not use compute resource {spec.resource!r}; "
@@ -38,9 +46,32 @@ def check_task(scheduler: Scheduler, who: Caller, spec: TaskSpec) -> str | None:
     return team
 
 
-def new_task(scheduler: Scheduler, who: Caller, spec: TaskSpec) -> Task:
+def new_task(
+    scheduler: Scheduler, who: Caller, spec: TaskSpec, record: dict[str, Any] | None = None
+) -> Task:
+    """A queued task; `record` sets the SDK's fields (parent, parameters, packages, inputs)."""
     team = check_task(scheduler, who, spec)
     profile = scheduler.estate.resources[spec.resource].profile
-    task = scheduler.store.create_task(spec, who.user, team, gpus=profile.gpu_share)
+    task = scheduler.store.create_task(spec, who.user, team, gpus=profile.gpu_share, record=record)
     scheduler.wake()
     return task
+
+
+def new_record(
+    scheduler: Scheduler,
+    who: Caller,
+    spec: TaskSpec,
+    state: TaskState,
+    reason: str,
+    record: dict[str, Any],
+) -> Task:
+    """A task no pool runs: one running where the SDK started it, or a step that reuses the
+    outputs of an earlier one. It holds no capacity, but passes the same checks."""
+    if spec.resource == LOCAL_POOL:
+        check_code(scheduler.estate, spec)
+        team = scheduler.estate.team_of(who.user)
+    else:
+        team = check_task(scheduler, who, spec)
+    return scheduler.store.create_task(
+        spec, who.user, team, state=state, reason=reason, record=record
+    )

@@ -5,17 +5,17 @@ contract)."""
 
 import threading
 import time
-from collections.abc import Callable
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Depends, HTTPException
+from fastapi import APIRouter, HTTPException
 from fastapi import Path as PathParam
 from pydantic import BaseModel, ConfigDict, Field
 
+from broker.api.auth import Auth
 from broker.api.identity_web import browser_routes
 from broker.errors import NotPermitted
 from broker.identity import ldap
-from broker.identity.resolve import Caller, Identities, Refused
+from broker.identity.resolve import Identities, Refused
 from broker.names import NAME
 from broker.store.identity import TokenInfo
 
@@ -90,9 +90,8 @@ class AuthConfigOut(BaseModel):
     login_url: str | None  # the browser's single sign-on
 
 
-def identity_router(identities: Identities, caller: Callable[..., Caller], api: str) -> APIRouter:
+def identity_router(identities: Identities, api: str) -> APIRouter:
     router = APIRouter()
-    Auth = Annotated[Caller, Depends(caller)]
     failures = _Failures()
 
     @router.get(f"{api}/auth/config")

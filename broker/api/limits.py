@@ -14,12 +14,15 @@ Send = Callable[[Message], Any]
 
 
 class BodyLimit:
-    def __init__(self, app: Any, limit: Callable[[], int]) -> None:
+    def __init__(
+        self, app: Any, limit: Callable[[], int], skip: Callable[[Scope], bool] | None = None
+    ) -> None:
         self.app = app
         self.limit = limit
+        self.skip = skip  # routes that stream their body and enforce their own limit
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != "http" or (self.skip is not None and self.skip(scope)):
             await self.app(scope, receive, send)
             return
         limit = self.limit()

@@ -28,16 +28,30 @@ class CodeIn(_Body):
     subdir: Line = ""
 
 
-class SubmitRequest(_Body):
+class RunIn(_Body):
+    """What runs, and where: the fields of `klique submit` (the SDK's too)."""
+
     command: list[Argument] = Field(min_length=1, max_length=4096)
     resource: Name | None = None
-    project: str = Field("default", pattern=PROJECT)
-    name: str = Field("", max_length=200, pattern=LINE)
     env: dict[EnvName, Argument] = Field({}, max_length=1024)
     code: CodeIn | None = None
     requirements: list[Line] = Field([], max_length=4096)
     requirements_file: Line | None = None
     image: str | None = Field(None, pattern=IMAGE)
+
+
+class SubmitRequest(RunIn):
+    project: str = Field("default", pattern=PROJECT)
+    name: str = Field("", max_length=200, pattern=LINE)
+
+
+class ArtifactOut(BaseModel):
+    name: str
+    kind: Literal["file", "object"]  # a file as uploaded, or a pickled Python object
+    filename: str
+    digest: str  # SHA-256 of the content
+    size: int
+    created_at: float
 
 
 class TaskOut(BaseModel):
@@ -61,8 +75,13 @@ class TaskOut(BaseModel):
     finished_at: float | None
     code: dict[str, Any] | None = None
     claim: dict[str, Any] | None = None  # the runner's report of its end, not yet confirmed
+    origin: str = "pool"  # pool, local (recorded by the SDK where it ran) or cached (reused)
+    parent: int | None = None  # the task that made this one (a pipeline, for its steps)
+    parameters: dict[str, Any] = {}
     events: list[dict[str, Any]] = []
     scalars: list[dict[str, Any]] = []
+    packages: list[str] = []  # shown in detail only
+    artifacts: list[ArtifactOut] = []  # shown in detail only
 
     @classmethod
     def of(cls, task: Task) -> TaskOut:
@@ -97,6 +116,9 @@ class TaskOut(BaseModel):
             finished_at=task.finished_at,
             code=code,
             claim=task.claim,
+            origin=task.origin.value,
+            parent=task.parent,
+            parameters=task.parameters,
         )
 
 

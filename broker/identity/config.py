@@ -6,31 +6,18 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BeforeValidator, Field
 
-from broker.names import NAME
+from broker.units import Name, Seconds, Strict, parse_duration_s
 
 if TYPE_CHECKING:
     from broker.domain import Estate
 
-
-def _seconds(value: object) -> int:
-    from broker.units import parse_duration_s  # the estate's one reading of durations
-
-    return parse_duration_s(value)
-
-
-Seconds = Annotated[int, BeforeValidator(_seconds), Field(gt=0)]
-Name = Annotated[str, Field(pattern=NAME)]
 # A claim's name, a group's name, a scope: printable, no spaces or control characters.
 Word = Annotated[str, Field(pattern=r"^[^\s\x00-\x1f\x7f]{1,256}$")]
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class OidcFile(_Strict):
+class OidcFile(Strict):
     """An OpenID Connect provider (the company's single sign-on)."""
 
     issuer: str = Field(pattern=r"^https://[^\s]+$", max_length=2048)
@@ -45,10 +32,10 @@ class OidcFile(_Strict):
     # URL a request came in on.
     public_url: str | None = Field(None, pattern=r"^https?://[^\s]+$")
     # Clock skew allowed between this server and the provider when checking exp, nbf, iat.
-    clock_leeway: Annotated[int, BeforeValidator(_seconds), Field(ge=0, le=300)] = 30
+    clock_leeway: Annotated[int, BeforeValidator(parse_duration_s), Field(ge=0, le=300)] = 30
 
 
-class LdapFile(_Strict):
+class LdapFile(Strict):
     """A directory to check passwords against (simple bind), and to read groups from."""
 
     url: str = Field(pattern=r"^ldaps?://[^\s]+$")
@@ -61,12 +48,12 @@ class LdapFile(_Strict):
     timeout: Seconds = 10
 
 
-class ClaimsFile(_Strict):
+class ClaimsFile(Strict):
     username: Word = "preferred_username"
     groups: Word = "groups"
 
 
-class IdentityFile(_Strict):
+class IdentityFile(Strict):
     oidc: OidcFile | None = None
     ldap: LdapFile | None = None
     claims: ClaimsFile = ClaimsFile()

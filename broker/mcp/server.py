@@ -1,11 +1,13 @@
 """`/mcp` on the Klique server: an MCP server (the official SDK, Streamable HTTP) whose tools are
-the CLI's verbs. The caller's Klique token is the bearer token; every tool calls Klique's own
-REST API in-process with that token, so an agent meets the same compute resources, policies,
-ownership and ledger as the CLI. A refusal (a lock, a quota, a policy, an unmapped account, a
-task that is not yours) comes back as a tool result whose text is the API's sentence.
+the CLI's verbs. The caller's token is the bearer token; every tool calls Klique's own REST API
+in-process with that token, so an agent meets the same compute resources, policies, ownership,
+scopes and ledger as the CLI. A refusal (a lock, a quota, a policy, an unmapped account, a task
+that is not yours, a read-only token) comes back as a tool result whose text is the API's
+sentence.
 
 The OAuth protected-resource metadata (RFC 9728) is served at
-`/.well-known/oauth-protected-resource/mcp`; tokens are Klique's own (`klique token create`).
+`/.well-known/oauth-protected-resource/mcp`; a token is any the API takes as a bearer token:
+Klique's own (`klique token create`) or the single sign-on provider's access token.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.transport_security import TransportSecuritySettings
 from pydantic import AnyHttpUrl
 
-from broker.store.repository import Store
+from broker.api.auth import caller_of, identities_of
+from broker.identity.resolve import Identities
 
 MCP_PATHS = ("/mcp", "/.well-known/oauth-protected-resource")
 _REFUSAL_WAIT_S = 5.0  # submit: how long to watch a new task for a pool's refusal
@@ -38,16 +41,18 @@ ASGI = Callable[[Scope, Any, Any], Awaitable[None]]
 
 
 class KliqueTokens:
-    """The MCP SDK's token verifier over Klique's own tokens."""
+    """The MCP SDK's token verifier: the API's own rules for a bearer token (the API checks
+    the token's scopes again on every call a tool makes)."""
 
-    def __init__(self, store: Store) -> None:
-        self.store = store
+    def __init__(self, identities: Identities) -> None:
+        self.identities = identities
 
     async def verify_token(self, token: str) -> AccessToken | None:
-        found = self.store.user_for_token(token)
+        # A single sign-on token may need the provider's keys: not on the event loop.
+        found = await asyncio.to_thread(caller_of, self.identities, token)
         if found is None:
             return None
-        return AccessToken(token=token, client_id=found[0], scopes=[])
+        return AccessToken(token=token, client_id=found.user, scopes=sorted(found.scopes))
 
 
 class Api:
@@ -88,17 +93,16 @@ def _text(value: Any) -> str:
 
 
 def build_mcp(app: FastAPI, public_url: str) -> MCPServer:
-    store: Store = app.state.scheduler.store
     server = MCPServer(
         name="klique",
         log_level="WARNING",
         instructions="Klique runs tasks and apps on GPU compute resources (Slurm, PBS, LSF, "
         "bare metal) as you, under your team's policies. Start with list_compute_resources.",
-        token_verifier=KliqueTokens(store),
+        token_verifier=KliqueTokens(identities_of(app)),
         auth=AuthSettings(
             issuer_url=AnyHttpUrl(public_url),
             resource_server_url=AnyHttpUrl(f"{public_url}/mcp"),
-            validate_token_resource=False,  # Klique's tokens are its own, for this server only
+            validate_token_resource=False,  # the verifier checks a token is for this server
         ),
     )
     register_tools(server, Api(app))

@@ -72,6 +72,7 @@ class PoolDriver(ABC):
         self.context = context
         self.strangers: set[str] = set()  # native ids of jobs with Klique's tag no task owns
         self.problems: list[str] = []  # found at start: the pool takes no task while there are any
+        self.notes: list[str] = []  # found at start: how the pool works on this site (not problems)
         self._uv_staged: set[str] = set()
 
     def account(self, task: Task) -> str:
@@ -216,6 +217,7 @@ class PoolDriver(ABC):
             "uv": self.uv_path(task),
             "runtime": self.pool.settings.get("container_runtime"),
             "container_scratch": self.pool.settings.get("container_scratch"),
+            "parameters": task.parameters,
             "app": task.spec.app,  # an application's route and walltime (broker/apps/launch.py)
         }
 

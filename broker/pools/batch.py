@@ -77,6 +77,9 @@ class BatchDriver(PoolDriver):
     REASONS: ClassVar[Mapping[str, str]] = {}
     PREEMPTED: ClassVar[frozenset[str]] = frozenset()  # native states that mean preempted
     UNREACHABLE: ClassVar[re.Pattern[str] | None] = None  # submit errors: controller is down
+    # Submit errors after which the job may exist (the reply was lost): the task's tag is
+    # looked up before it is submitted again. Checked before UNREACHABLE.
+    SUBMIT_UNKNOWN: ClassVar[re.Pattern[str] | None] = None
     # Native end states that only say the job script ended by itself (any exit, a signal):
     # without the runner's exit file they tell nothing of how the task ended.
     SELF_ENDED: ClassVar[frozenset[str]] = frozenset()
@@ -251,6 +254,8 @@ class BatchDriver(PoolDriver):
         except TransportError as exc:
             raise SubmitUnknown(f"the submit command's outcome is unknown: {exc}") from exc
         words = (done.stderr or done.stdout).strip() or f"exit {done.returncode}"
+        if done.returncode != 0 and self.SUBMIT_UNKNOWN and self.SUBMIT_UNKNOWN.search(words):
+            raise SubmitUnknown(f"the scheduler may have queued the job: {words}")
         if done.returncode != 0 and self.UNREACHABLE and self.UNREACHABLE.search(words):
             self._pause_submissions(words)
             raise TransportError(words)  # nothing was queued: the task waits for the pool
@@ -535,7 +540,7 @@ class BatchDriver(PoolDriver):
                 news[task.id] = await self._from_exit(task, doc)
             else:
                 unsettled.append(task)
-        history = await self._history([t.native_id for t in unsettled if t.native_id])
+        history = await self._history(unsettled)
         now = time.monotonic()
         for task in unsettled:
             status = history.get(task.native_id or "")
@@ -568,12 +573,25 @@ class BatchDriver(PoolDriver):
         seen = self._final(task, NativeStatus(task.native_id or "", task.tag, state), doc)
         return seen or observation_from_exit(doc)
 
-    async def _history(self, native_ids: Sequence[str]) -> dict[str, NativeStatus]:
-        argv = self.history_argv(native_ids) if native_ids else None
+    async def _history(self, tasks: Sequence[Task]) -> dict[str, NativeStatus]:
+        """Accounting for jobs that left the queue: one query, or one per account where the
+        scheduler hides other users' jobs (as status does)."""
+        groups: dict[str, list[str]] = {}
+        for task in tasks:
+            account = self._account_or_none(task) if self._per_account else self.query_account()
+            if task.native_id and account:
+                groups.setdefault(account, []).append(task.native_id)
+        found: dict[str, NativeStatus] = {}
+        for account, native_ids in groups.items():
+            found.update(await self._history_as(account, native_ids))
+        return found
+
+    async def _history_as(self, account: str, native_ids: Sequence[str]) -> dict[str, NativeStatus]:
+        argv = self.history_argv(native_ids)
         if argv is None:
             return {}
         try:
-            done = await self.transport.run(argv, account=self.query_account(), timeout=60)
+            done = await self.transport.run(argv, account=account, timeout=60)
         except TransportError:
             return {}
         if done.returncode != 0:

@@ -14,7 +14,7 @@ from broker.units import Seconds, Strict
 Runtime = Literal["charliecloud", "apptainer", "singularity", "enroot", "pyxis"]
 
 
-class UserMapRuleFile(Strict):
+class UserMapRule(Strict):
     """`user_map: {rule: same-name, deny: [...]}`: a user maps to the account of the same name."""
 
     rule: Literal["same-name"]
@@ -22,13 +22,14 @@ class UserMapRuleFile(Strict):
 
 
 def _user_map_form(value: Any) -> str:
-    if isinstance(value, UserMapRuleFile) or (isinstance(value, dict) and "rule" in value):
+    if isinstance(value, UserMapRule) or (isinstance(value, dict) and "rule" in value):
         return "rule"
     return "map"
 
 
+# Klique user -> Linux account (`default` for the others), or a rule.
 UserMapField = Annotated[
-    Annotated[UserMapRuleFile, Tag("rule")] | Annotated[dict[str, str], Tag("map")],
+    Annotated[UserMapRule, Tag("rule")] | Annotated[dict[str, str], Tag("map")],
     Discriminator(_user_map_form),
 ]
 
@@ -38,14 +39,14 @@ class PoolSettings(Strict):
 
     kind: str
     description: str = ""
-    # Klique user -> Linux account (`default` for the others), or a same-name rule.
     user_map: UserMapField = {}
-    # The ordinary account that start-up checks and status queries run as (unset: a mapped one).
-    query_account: str | None = None
     # Which agent serves the pool: one inside the server, or `klique agent` on the pool's login
     # node (remote: the server only places its tasks and keeps its ledger).
     agent: Literal["server", "remote"] = "server"
     job_root: str | None = None
+    # The account that runs start-up checks and status queries (any ordinary one will do);
+    # unset: the first mapped account. A user_map rule names none in advance, so it needs this.
+    query_account: str | None = None
     # Where and with what the runner runs on the nodes.
     python: str | None = None
     cache_dir: str | None = None

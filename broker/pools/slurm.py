@@ -1,13 +1,19 @@
-"""Slurm: sbatch, one squeue per cycle, sacct for jobs the queue forgot, sinfo for capacity."""
+"""Slurm: sbatch, one squeue per cycle (one per account where PrivateData=jobs hides other
+users' jobs), sacct for jobs the queue forgot, sinfo for capacity."""
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Sequence
-from typing import Literal
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import model_validator
 
 from broker.domain import Profile, Task, TaskState
-from broker.errors import SubmitError
+from broker.errors import KliqueError, SubmitError
+from broker.pools.base import Observation
 from broker.pools.batch import BatchDriver, Capacity, NativeStatus, walltime_hms
 from broker.pools.registry import PoolKindSpec
 from broker.pools.settings import BatchSettings
@@ -53,9 +59,16 @@ SLURM_REASONS: dict[str, str] = {
     "PENDING": "pending in Slurm's queue",
 }
 
+log = logging.getLogger("klique.pools")
+
 _SEP = "|"
 _SQUEUE_FORMAT = _SEP.join(["%i", "%j", "%T", "%r", "%o"])  # id, name, state, reason, script
 _SACCT_FORMAT = "JobID,JobName,State,ExitCode"
+_GPU_DIRECTIVE = {
+    "gres": "--gres=gpu:{}",
+    "gpus-per-node": "--gpus-per-node={}",
+    "gpus": "--gpus={}",
+}
 
 
 class SlurmSettings(BatchSettings):
@@ -63,9 +76,34 @@ class SlurmSettings(BatchSettings):
     partition: str | None = None
     account: str | None = None  # --account
     qos: str | None = None  # --qos
-    gpu_flag: Literal["gres", "gpus"] = "gres"  # --gres=gpu:N or --gpus=N
+    # --gres=gpu:N and --gpus-per-node=N ask for the GPUs on the task's node; --gpus=N is
+    # job-wide (sbatch(1)): kept for sites that count GPUs only that way.
+    gpu_flag: Literal["gres", "gpus-per-node", "gpus"] = "gres"
+    # Who runs a job again after a node failure or a preemption (sbatch(1) --requeue,
+    # --no-requeue; slurm.conf(5) JobRequeue): Slurm, Klique (requeue_preempted), or nobody.
+    requeue: Literal["slurm", "klique", "none"] = "slurm"
     accounting: Literal["none", "slurmdbd", "jobcomp"] = "none"  # where sacct reads from
+    # An account Slurm shows every user's jobs to (an operator or administrator in sacctmgr, or
+    # SlurmUser): with PrivateData=jobs, status is then one query as it instead of one per account.
+    status_account: str | None = None
     PYXIS = True  # container_runtime: pyxis starts the runner in srun --container-image
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_owner_of_retries(cls, data: Any) -> Any:
+        """`requeue: klique` is Klique running a preempted job again; `none` is nobody."""
+        if not isinstance(data, dict):
+            return data
+        wanted = {"klique": True, "none": False}.get(str(data.get("requeue")))
+        given = data.get("requeue_preempted")
+        if wanted is None:
+            return data
+        if given is not None and bool(given) != wanted:
+            raise ValueError(
+                f"requeue: {data['requeue']} contradicts requeue_preempted: {given}; fix: drop "
+                "requeue_preempted (requeue says who runs a preempted job again)"
+            )
+        return {**data, "requeue_preempted": wanted}
 
 
 POOL_KIND = PoolKindSpec(
@@ -83,11 +121,54 @@ class SlurmDriver(BatchDriver):
     REASONS = SLURM_REASONS
     PREEMPTED = frozenset({"PREEMPTED"})
     SELF_ENDED = frozenset({"COMPLETED", "FAILED"})  # the batch script's own exit or signal
-    # sbatch's words when slurmctld cannot be reached (src/common/slurm_protocol_api.c).
+    # slurmctld did not answer (src/common/slurm_errno.c): the pool is down. For sbatch,
+    # SUBMIT_UNKNOWN is matched first, so only a failed connection ("Unable to contact slurm
+    # controller (connect failure)", ECONNREFUSED) proves that nothing was queued.
     UNREACHABLE = re.compile(
         r"Unable to contact slurm controller|Socket timed out|"
         r"Zero Bytes were transmitted|Connection refused"
     )
+    # The request may have arrived and only the reply was lost (slurm_errno.c:
+    # SLURM_PROTOCOL_SOCKET_IMPL_TIMEOUT "Socket timed out on send/recv operation",
+    # SLURM_PROTOCOL_SOCKET_ZERO_BYTES_SENT "Zero Bytes were transmitted or received"): slurmctld
+    # may have created the job, so its tag is looked up before the task goes again.
+    SUBMIT_UNKNOWN = re.compile(r"Socket timed out|Zero Bytes were transmitted")
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._mode_known = not self._detect_per_account  # status_per_account set: no detection
+
+    def query_account(self) -> str:
+        return str(self.pool.settings.get("status_account") or super().query_account())
+
+    async def check(self) -> list[str]:
+        problems = await super().check()
+        await self._choose_status_mode()
+        return problems
+
+    async def poll(self, tasks: Sequence[Task]) -> dict[int, Observation]:
+        if not self._mode_known:
+            await self._choose_status_mode()
+        return await super().poll(tasks)
+
+    async def _choose_status_mode(self) -> None:
+        """Ask slurmctld whether it hides other users' jobs (PrivateData=jobs): then status
+        runs one query per mapped account, unless the pool names a `status_account`."""
+        if self._mode_known:
+            return
+        account = self.query_account()
+        try:
+            done = await self.transport.run(
+                ["scontrol", "show", "config"], account=account, timeout=30
+            )
+            private = parse_private_data(done.stdout) if done.returncode == 0 else None
+        except KliqueError:
+            private = None
+        mode = status_mode(private, self.pool.settings.get("status_account"), account)
+        self._per_account = mode.per_account
+        self._mode_known = private is not None
+        self.notes = [mode.note]
+        log.info("pool %s: %s", self.pool.name, mode.note)
 
     def directives(self, task: Task, profile: Profile, job_dir: str) -> list[str]:
         settings = self.pool.settings
@@ -97,8 +178,9 @@ class SlurmDriver(BatchDriver):
                 found.append(f"--{key}={settings[key]}")
         gpus = profile.whole_gpus
         if gpus:
-            gpu_flag = settings.get("gpu_flag") or "gres"
-            found.append(f"--gres=gpu:{gpus}" if gpu_flag == "gres" else f"--gpus={gpus}")
+            found.append(_GPU_DIRECTIVE[str(settings.get("gpu_flag") or "gres")].format(gpus))
+        requeue = settings.get("requeue") or "slurm"
+        found.append("--requeue" if requeue == "slurm" else "--no-requeue")
         found += [
             f"--cpus-per-task={profile.cpus}",
             f"--mem={profile.memory_mb}M",
@@ -125,6 +207,7 @@ class SlurmDriver(BatchDriver):
         return [
             "squeue",
             "--noheader",
+            "--all",  # also jobs in hidden partitions and those the account may not use
             "--states=all",
             f"--users={','.join(accounts)}",
             f"--format={_SQUEUE_FORMAT}",
@@ -161,6 +244,51 @@ class SlurmDriver(BatchDriver):
 
     def parse_history(self, stdout: str) -> list[NativeStatus]:
         return parse_sacct(stdout)
+
+
+@dataclass(frozen=True)
+class StatusMode:
+    per_account: bool
+    note: str
+
+
+def status_mode(private: frozenset[str] | None, status_account: object, account: str) -> StatusMode:
+    """How status sees every job Klique owns, given slurmctld's PrivateData (None: unknown)."""
+    if private is None:
+        return StatusMode(
+            True,
+            "PrivateData could not be read (scontrol show config): status runs one squeue per "
+            "mapped account, which sees every job whatever the site's settings",
+        )
+    if not private & {"jobs", "all"}:
+        return StatusMode(False, f"PrivateData={_shown(private)}: one squeue --all as {account}")
+    if status_account:
+        return StatusMode(
+            False,
+            f"PrivateData={_shown(private)} hides other users' jobs: one squeue as the pool's "
+            f"status_account {account}",
+        )
+    return StatusMode(
+        True,
+        f"PrivateData={_shown(private)} hides other users' jobs: one squeue (and sacct) per "
+        "mapped account per cycle; name a status_account Slurm shows every job to for one query",
+    )
+
+
+def _shown(private: frozenset[str]) -> str:
+    return ",".join(sorted(private)) or "none"
+
+
+def parse_private_data(stdout: str) -> frozenset[str] | None:
+    """`scontrol show config`'s `PrivateData = jobs,usage` (or `none`); None when absent.
+    slurm.conf(5), "PrivateData": accounts, cloud, events, jobs, nodes, partitions,
+    reservations, usage, users."""
+    for line in stdout.splitlines():
+        key, sep, value = line.partition("=")
+        if sep and key.strip() == "PrivateData":
+            words = {w.strip().lower() for w in value.split(",") if w.strip()}
+            return frozenset(words - {"none", "(null)"})
+    return None
 
 
 def parse_squeue(stdout: str) -> list[NativeStatus]:

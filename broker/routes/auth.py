@@ -1,6 +1,8 @@
 """Who opens a route, and whether they may. One function decides who the caller is
-(`route_caller`): the Klique token as a bearer header, or the route's cookie that the
-`/routes/NAME/?token=TOKEN` handshake sets. Single sign-on and the web UI extend this function.
+(`route_caller`), through the API's own rules (broker/api/auth.py): a Klique token or a single
+sign-on access token as a bearer header, or in the route's cookie that the
+`/routes/NAME/?token=TOKEN` handshake sets. A token's scopes hold here too: `read` opens a
+route for plain reads, anything else (other methods, WebSockets) needs `submit`.
 
 Who may: a session's route opens to its owner and admins; an endpoint's to admins, its owner and
 the teams it names (a static route: its teams).
@@ -12,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from broker.api.auth import Caller, caller_of
-from broker.identity.resolve import Identities, Refused
+from broker.identity.resolve import Identities
 
 COOKIE = "klique_route"
 
@@ -35,18 +37,11 @@ def route_caller(
     scheme in Authorization is the app's own business (JupyterLab sends `token ...`)."""
     authorization = headers.get("authorization") or ""
     if authorization[:7].lower() == "bearer ":
-        return _known(identities, authorization[7:].strip()), "bearer"
+        return caller_of(identities, authorization[7:].strip()), "bearer"
     cookie = cookies.get(COOKIE, "")
     if cookie:
-        return _known(identities, cookie), "cookie"
+        return caller_of(identities, cookie), "cookie"
     return None, ""
-
-
-def _known(identities: Identities, token: str) -> Caller | None:
-    try:
-        return caller_of(identities, token) if token else None
-    except Refused:
-        return None
 
 
 def may_open(caller: Caller, team: str | None, route: RouteInfo) -> bool:

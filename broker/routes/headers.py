@@ -6,8 +6,9 @@ from __future__ import annotations
 from collections.abc import MutableMapping
 from typing import Any
 
-from broker.api.auth import Caller
+from broker.api.auth import CSRF_COOKIE, SESSION_COOKIE, Caller
 from broker.routes.auth import COOKIE
+from broker.web.session import SIGNIN_COOKIE
 from inside_job import frames
 
 Scope = MutableMapping[str, Any]
@@ -40,11 +41,15 @@ DROPPED_BACK = frozenset(
 # Pages of an endpoint, or of a session opened by someone else than its owner, get an opaque
 # origin: their scripts cannot reach other routes (or the API) with the viewer's cookies.
 SANDBOX = b"sandbox allow-scripts allow-forms allow-popups allow-downloads"
+# Klique's own cookies: the route's, the browser session's with its CSRF token, and the web UI's
+# sign-in form token. An app never sees them, and may not set them (a planted session would be
+# a fixation, a planted sign-in token a login CSRF).
+OUR_COOKIES = frozenset({COOKIE, SESSION_COOKIE, CSRF_COOKIE, SIGNIN_COOKIE})
 
 
 def our_cookie(name: str, value: str) -> bool:
-    """An app may not set (or overwrite) the route's own cookie."""
-    return name.lower() == "set-cookie" and value.split("=", 1)[0].strip() == COOKIE
+    """An app may not set (or overwrite) Klique's own cookies."""
+    return name.lower() == "set-cookie" and value.split("=", 1)[0].strip() in OUR_COOKIES
 
 
 def upstream_headers(scope: Scope, route: str, caller: Caller) -> list[list[str]]:
@@ -73,7 +78,7 @@ def upstream_headers(scope: Scope, route: str, caller: Caller) -> list[list[str]
 
 def without_our_cookie(header: str) -> str:
     pairs = [p.strip() for p in header.split(";")]
-    return "; ".join(p for p in pairs if p and p.split("=", 1)[0].strip() != COOKIE)
+    return "; ".join(p for p in pairs if p and p.split("=", 1)[0].strip() not in OUR_COOKIES)
 
 
 def headers(scope: Scope) -> dict[str, str]:

@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 from urllib.parse import parse_qsl, urlencode
 
-from broker.api.auth import Caller
+from broker.api.auth import SAFE, Caller, needed_scope, scope_problem
 from broker.identity.resolve import Identities
 from broker.names import NAME
 from broker.routes import headers as passing
@@ -34,7 +34,6 @@ Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 PREFIX = b"/routes/"
 _NAME = re.compile(NAME.encode())
 IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE", "TRACE"})
-SAFE = frozenset({"GET", "HEAD", "OPTIONS"})
 CHUNK = 64 * 1024
 
 
@@ -100,6 +99,10 @@ class RouteProxy:
             raise Refusal(404, f"no route {target.name}; `klique app ls` lists your apps")
         if not may_open(caller, caller.team, route):
             raise Refusal(403, f"route {target.name} is not open to {caller.user}")
+        needed = needed_scope(scope["method"]) if scope["type"] == "http" else "submit"
+        problem = scope_problem(caller, needed)
+        if problem:
+            raise Refusal(403, problem)
         return caller, route, how
 
     # HTTP.

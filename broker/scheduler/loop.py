@@ -227,6 +227,12 @@ class Scheduler:
         )
         if done is not None:
             return done
+        if task.pool not in self.agents and task.pool not in self.remote:
+            # No agent stops it (a run the SDK recorded where it started): the record ends here.
+            done = await asyncio.to_thread(
+                self.store.change_state, task.id, TaskState.CANCELLED, reason, only_from=HOLDING
+            )
+            return done if done is not None else await asyncio.to_thread(self.store.get, task.id)
         await asyncio.to_thread(self.store.update, task.id, intent="cancel")
         self.wake_pool(task.pool)
         deadline = time.monotonic() + _CANCEL_WAIT_S

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import asdict, fields
 from typing import Any
 
-from broker.domain import Task, TaskState, spec_from_dict, spec_to_dict
+from broker.domain import Origin, Task, TaskState, spec_from_dict, spec_to_dict
 from broker.pools.base import Observation
 from broker.scheduler.placement import PoolState
 
@@ -28,6 +28,9 @@ def task_from_json(data: dict[str, Any]) -> Task:
     known["state"] = TaskState(data["state"])
     known["gpu_ids"] = tuple(data.get("gpu_ids") or ())
     known["skip_pools"] = frozenset(data.get("skip_pools") or ())
+    known["origin"] = Origin(data.get("origin") or Origin.POOL)
+    known["packages"] = tuple(data.get("packages") or ())
+    known["inputs"] = tuple((int(t), str(n)) for t, n in data.get("inputs") or ())
     return Task(**known)
 
 

@@ -19,8 +19,17 @@ from typing import Any
 from sqlalchemy import Engine, create_engine, event, func, select
 from sqlalchemy.orm import Session, sessionmaker, undefer
 
-from broker.domain import Task, TaskSpec, TaskState, spec_from_dict, spec_to_dict, transition
+from broker.domain import (
+    Origin,
+    Task,
+    TaskSpec,
+    TaskState,
+    spec_from_dict,
+    spec_to_dict,
+    transition,
+)
 from broker.errors import NotFound
+from broker.store.records import RecordMethods
 from broker.store.tables import (
     AgentTokenRow,
     LedgerRow,
@@ -83,7 +92,7 @@ def token_digest(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-class Store:
+class Store(RecordMethods):
     def __init__(self, url: str) -> None:
         self.url = normalise_url(url)
         self.engine = _engine(self.url)
@@ -126,7 +135,11 @@ class Store:
         gpus: float = 0.0,
         state: TaskState = TaskState.QUEUED,
         reason: str = "",
+        record: dict[str, Any] | None = None,
     ) -> Task:
+        """A new task in `state`; `record` sets the SDK's fields (origin, parent, parameters,
+        packages, inputs, cache key) and, for a task that runs locally, its pool."""
+        transition(TaskState.CREATED, state)
         now = time.time()
         stored, diff = _spec_json(spec)
         row = TaskRow(
@@ -145,11 +158,14 @@ class Store:
             created_at=now,
             updated_at=now,
             queued_at=now if state is TaskState.QUEUED else None,
+            started_at=now if state is TaskState.RUNNING else None,
             finished_at=now if state.final else None,
         )
+        _set_fields(row, record or {})
         with self._tx() as session:
             session.add(row)
             session.flush()
+            self._meter(session, row, TaskState.CREATED, state, now)
             session.add(
                 TaskEventRow(
                     task_id=row.id,
@@ -377,13 +393,14 @@ class Store:
 
 
 _JSON_LISTS = {"skip_pools", "gpu_ids"}
+_JSON_VALUES = {"parameters", "packages", "inputs"}
 
 
 def _set_fields(row: TaskRow, fields: dict[str, Any]) -> None:
     for name, value in fields.items():
         if name in _JSON_LISTS:
             value = json.dumps(sorted(value))
-        elif name == "claim" and value is not None:
+        elif name in _JSON_VALUES or name == "claim" and value is not None:
             value = json.dumps(value)
         setattr(row, name, value)
 
@@ -418,6 +435,12 @@ def _task(row: TaskRow, with_diff: bool = True) -> Task:
         preempted=row.preempted,
         diff_bytes=row.diff_bytes,
         claim=json.loads(row.claim) if row.claim else None,
+        origin=Origin(row.origin or "pool"),
+        parent=row.parent_id,
+        parameters=json.loads(row.parameters or "{}"),
+        packages=tuple(json.loads(row.packages or "[]")),
+        inputs=tuple((int(i[0]), str(i[1])) for i in json.loads(row.inputs or "[]")),
+        cache_key=row.cache_key,
         intent=row.intent,
         created_at=row.created_at,
         queued_at=row.queued_at,

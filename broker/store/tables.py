@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
-from sqlalchemy import Boolean, Float, ForeignKey, Integer, String, Text
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Float,
+    ForeignKey,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -36,9 +45,18 @@ class TaskRow(Base):
     skip_pools: Mapped[str] = mapped_column(Text, default="[]")  # JSON list (spill-over)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     # SHA-256 of the current attempt's report token; the token itself is only in task.json.
-    report_digest: Mapped[str] = mapped_column(String(64), default="")
+    report_digest: Mapped[str] = mapped_column(String(64), default="", index=True)
     # The runner's own report of how the task ended (JSON): a claim until the pool confirms it.
     claim: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # The SDK's record: where it ran, its parent (the task that made it: a pipeline for its
+    # steps; a plain link, so any grouping of tasks can use it), parameters, packages, the
+    # artifacts of other tasks it was created to read, and the digest of its code and inputs.
+    origin: Mapped[str] = mapped_column(String(16), default="pool")
+    parent_id: Mapped[int | None] = mapped_column(Integer, nullable=True, index=True)
+    parameters: Mapped[str] = mapped_column(Text, default="{}")
+    packages: Mapped[str] = mapped_column(Text, default="[]")
+    inputs: Mapped[str] = mapped_column(Text, default="[]")
+    cache_key: Mapped[str | None] = mapped_column(String(64), nullable=True, index=True)
     # What the control plane asks the task's pool agent to do: cancel, or withdraw (spill over).
     intent: Mapped[str | None] = mapped_column(String(16), nullable=True)
     created_at: Mapped[float] = mapped_column(Float)
@@ -135,3 +153,19 @@ class LedgerRow(Base):
     start: Mapped[float] = mapped_column(Float, index=True)
     end: Mapped[float | None] = mapped_column(Float, nullable=True)
     gpu_seconds: Mapped[float] = mapped_column(Float, default=0.0)
+
+
+class ArtifactRow(Base):
+    """A task's named artifact: the content lives in the artifact store under its digest."""
+
+    __tablename__ = "artifacts"
+    __table_args__ = (UniqueConstraint("task_id", "name"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    task_id: Mapped[int] = mapped_column(ForeignKey("tasks.id"), index=True)
+    name: Mapped[str] = mapped_column(String(128))
+    kind: Mapped[str] = mapped_column(String(16))  # file | object (a pickle)
+    filename: Mapped[str] = mapped_column(String(255), default="")
+    digest: Mapped[str] = mapped_column(String(64), index=True)  # SHA-256 of the content
+    size: Mapped[int] = mapped_column(BigInteger)
+    created_at: Mapped[float] = mapped_column(Float)

@@ -5,8 +5,8 @@ The shapes the pages expect when a feature is present:
 - parameters: a task's JSON has `parameters`, an object of names to JSON values;
 - artifacts: a task's JSON has `artifacts`, a list of objects with at least `name` (and
   `size` in bytes when known), downloaded from `GET /api/v1/tasks/{task_id}/artifacts/{name}`;
-- clone: `POST /api/v1/tasks/{task_id}/clone` takes `{"parameters": {...}}` and answers the
-  new task;
+- clone (the SDK's, broker/api/sdk.py): `POST /api/v1/sdk/tasks/{task_id}/clone` takes
+  `{"parameters": {...}}` and answers the new task;
 - apps (broker/api/apps.py): `GET /api/v1/apps` answers the catalogue (`name`, `kind`,
   `description`, `resources`, `form`: a JSON Schema of the launch parameters, `locked`,
   `lock_reason`); `GET /api/v1/apps/instances` the caller's running apps (`id`, `app`, `state`,
@@ -25,7 +25,7 @@ from broker.api.app import API
 from broker.api.schemas import TaskOut
 
 ARTIFACT = f"{API}/tasks/{{task_id}}/artifacts/{{name}}"
-CLONE = f"{API}/tasks/{{task_id}}/clone"
+CLONE = f"{API}/sdk/tasks/{{task_id}}/clone"
 APPS = f"{API}/apps"
 APPS_RUNNING = f"{API}/apps/instances"
 APP_LAUNCH = f"{API}/apps/{{name}}/launch"

@@ -14,6 +14,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from broker.api.app import TaskId, _read_console, _task_out, why_out
 from broker.api.auth import owned_task
 from broker.api.schemas import TaskOut
+from broker.api.sdk import cancel_steps
 from broker.domain import Task, TaskState
 from broker.errors import NotFound
 from broker.store import web as web_store
@@ -193,6 +194,7 @@ def add_routes(router: APIRouter, web: Web) -> None:
             return web.error(request, who, 404, str(exc))
         if not found.state.final:
             await scheduler.cancel(found)
+            await cancel_steps(scheduler, found.id)  # as the API does: a pipeline's steps too
         back = safe_next(str(form.get("back") or f"/tasks/{task_id}"))
         return RedirectResponse(back, status_code=303, headers=HEADERS)
 
@@ -209,6 +211,7 @@ def add_routes(router: APIRouter, web: Web) -> None:
                 continue
             if not found.state.final:
                 await scheduler.cancel(found)
+                await cancel_steps(scheduler, found.id)
         if missing:
             return web.error(
                 request, who, 404, f"no task {', '.join(missing)} of yours; nothing done to them"

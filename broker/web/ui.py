@@ -53,7 +53,7 @@ class Web:
         self.store = scheduler.store
 
     def identities(self, request: Request) -> Identities:
-        return identities_of(request)
+        return identities_of(request.app)
 
     def viewer(self, request: Request) -> Viewer:
         """The signed-in user; otherwise a redirect to sign in (401 for live updates)."""
@@ -157,7 +157,7 @@ def web_router(scheduler: Scheduler) -> APIRouter:
         return Response(body, media_type=kind, headers=headers)
 
     def login_page(request: Request, status: int, target: str, error: str) -> HTMLResponse:
-        identity = identities_of(request).identity
+        identity = identities_of(request.app).identity
         token = web_session.signin_token(request)
         response = page(
             "login.html",
@@ -187,7 +187,7 @@ def web_router(scheduler: Scheduler) -> APIRouter:
             token, error = await _ldap_token(request, form)
         response: Response = RedirectResponse(target, status_code=303, headers=HEADERS)
         try:
-            web_session.sign_in(identities_of(request), request, response, token)
+            web_session.sign_in(identities_of(request.app), request, response, token)
         except Refused as exc:
             return login_page(request, 401, target, error or str(exc))
         response.delete_cookie(web_session.SIGNIN_COOKIE, path="/")
@@ -197,7 +197,7 @@ def web_router(scheduler: Scheduler) -> APIRouter:
     async def logout(request: Request) -> Response:
         await web.posted(request, acts=False)  # a read-only session may sign out too
         response = RedirectResponse("/login", status_code=303, headers=HEADERS)
-        identities_of(request).store.end_session(
+        identities_of(request.app).store.end_session(
             token_digest(request.cookies.get(web_session.SESSION_COOKIE, ""))
         )
         clear_session_cookies(response)

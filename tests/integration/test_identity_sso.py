@@ -4,12 +4,14 @@ user between teams, key rotation, and the browser's code flow with its session c
 
 from __future__ import annotations
 
+import asyncio
 import json
 import stat
 from pathlib import Path
 
 import httpx
 import pytest
+from app_helpers import call, mcp_session
 from conftest import wait_for
 from identity_helpers import (
     TEAMS_ESTATE,
@@ -184,3 +186,32 @@ def test_a_browser_session_ends_when_the_provider_drops_the_user(sso) -> None:
 
     answer = wait_for(ended, 30, "the session to end")
     assert "single sign-on session has ended" in answer.json()["detail"]
+
+
+def test_routes_and_mcp_take_the_same_tokens_as_the_api(sso) -> None:
+    """A single sign-on access token is its person on MCP and on routes too; a read-only
+    Klique token may look through MCP but its submit is refused, naming the scope."""
+    server, realm, _ = sso()
+    password = realm.user("alice", ["cv-lab"])
+    access = realm.device_tokens("alice", password)["access_token"]
+    with server.api() as api:
+        reader = api.post("/tokens", json={"user": "bob", "scopes": ["read"]}).json()["token"]
+    route = "/routes/none-here/"
+    refused = httpx.get(f"{server.url}{route}", headers={"Authorization": "Bearer x.y.z"})
+    assert refused.status_code == 401
+    known = httpx.get(f"{server.url}{route}", headers={"Authorization": f"Bearer {access}"})
+    assert known.status_code == 404 and "no route none-here" in known.text
+
+    async def scenario() -> None:
+        async with mcp_session(server, access) as session:
+            failed, text = await call(session, "submit_task", command=["true"], resource="cpu")
+            assert not failed, text
+            failed, text = await call(session, "show_task", task_id=json.loads(text)["id"])
+            assert (json.loads(text)["owner"], json.loads(text)["team"]) == ("alice", "vision")
+        async with mcp_session(server, reader) as session:
+            failed, text = await call(session, "list_runs")
+            assert not failed and json.loads(text) == []
+            failed, text = await call(session, "submit_task", command=["true"], resource="cpu")
+            assert failed and "needs the 'submit' scope" in text
+
+    asyncio.run(scenario())

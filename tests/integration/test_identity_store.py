@@ -8,6 +8,7 @@ import time
 import pytest
 import sqlalchemy
 from alembic import command
+from alembic.script import ScriptDirectory
 from test_store import _fresh_schema
 
 from broker.store.identity import IdentityStore
@@ -56,9 +57,16 @@ def test_sessions_are_kept_as_digests_and_ended(url) -> None:
     store.close()
 
 
+def _before_identity() -> str:
+    """The revision the identity migration follows, wherever the chain puts it."""
+    before = ScriptDirectory.from_config(config()).get_revision("0008_identity").down_revision
+    assert isinstance(before, str)
+    return before
+
+
 def test_the_migration_keeps_existing_tokens_and_its_downgrade_drops_narrowed_ones(url) -> None:
     engine = sqlalchemy.create_engine(normalise_url(url))
-    command.upgrade(config(engine), "0003")
+    command.upgrade(config(engine), _before_identity())
     with engine.begin() as conn:
         for user, admin in (("alice", False), ("admin", True)):
             conn.execute(
@@ -79,7 +87,7 @@ def test_the_migration_keeps_existing_tokens_and_its_downgrade_drops_narrowed_on
     ids.add_token("reader", scopes=["read"])
     store.close()
     engine = sqlalchemy.create_engine(normalise_url(url))
-    command.downgrade(config(engine), "0003")
+    command.downgrade(config(engine), _before_identity())
     with engine.connect() as conn:
         users = {row[0] for row in conn.execute(sqlalchemy.text('SELECT "user" FROM tokens'))}
     engine.dispose()

@@ -270,3 +270,16 @@ def test_sigterm_during_setup_ends_the_run_signalled(tmp_path):
     assert exit_file["started"] is None
     envs = cache_of(tmp_path) / "envs"
     assert sorted(p.name for p in envs.iterdir() if ".tmp-" in p.name) == []
+
+
+def test_a_rerun_in_the_same_folder_starts_without_the_earlier_runs_ending(tmp_path):
+    # Slurm requeued the job (node failure, PreemptMode=REQUEUE): the runner starts again in the
+    # folder where the first run's exit file lies.
+    job = make_job(
+        tmp_path,
+        command=["sh", "-c", 'test -e "$KLIQUE_JOB_DIR/exit.json" && echo stale || echo clean'],
+    )
+    (job / "exit.json").write_text('{"outcome": "failed", "exit_code": 143}')
+    assert run_runner(job).returncode == 0
+    assert console(job) == "clean\n"
+    assert read_json(job, "exit.json")["outcome"] == "completed"

@@ -127,3 +127,37 @@ def test_reopening_migrates_once_and_keeps_rows(store):
     again = Store.open(store.url)
     assert again.get(task.id).spec.command == ("echo", "hi")
     again.close()
+
+
+def test_the_sdks_record_and_artifacts_are_kept_and_the_migration_goes_both_ways(store):
+    from broker.domain import Origin
+    from broker.store.migrate import config
+
+    local = store.create_task(
+        spec(),
+        "alice",
+        None,
+        state=S.RUNNING,
+        record={"origin": "local", "pool": "(local)", "parameters": {"lr": 0.1}},
+    )
+    step = store.create_task(
+        spec(), "alice", None, record={"parent_id": local.id, "cache_key": "a" * 64}
+    )
+    assert (local.origin, local.pool, local.parameters) == (Origin.LOCAL, "(local)", {"lr": 0.1})
+    assert [r.pool for r in store.ledger()] == ["(local)"]  # metered from its start
+    assert store.merge_parameters(local.id, {"lr": 0.5, "epochs": 2}, overwrite=False) == {
+        "lr": 0.1,
+        "epochs": 2,
+    }
+    store.add_artifact(step.id, name="m", kind="file", filename="m.bin", digest="d" * 64, size=3)
+    reused = store.create_task(spec(), "alice", None, state=S.COMPLETED)
+    store.copy_artifacts(step.id, reused.id)
+    assert store.artifact(reused.id, "m")["digest"] == "d" * 64
+    assert [t.id for t in store.children(local.id)] == [step.id]
+    with pytest.raises(IllegalTransition):
+        store.create_task(spec(), "alice", None, state=S.PENDING)
+    from alembic import command
+
+    command.downgrade(config(store.engine), "0006_apps")
+    command.upgrade(config(store.engine), "head")
+    assert store.get(local.id).parameters == {}  # the columns were dropped and made again

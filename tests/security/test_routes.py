@@ -116,7 +116,8 @@ def test_credentials_and_forwarding_headers_are_not_smuggled(routes) -> None:
         server,
         task["path"] + "x",
         alice,
-        Cookie=f"klique_route={alice}; other=1",
+        Cookie=f"klique_route={alice}; klique_session=s3cret; other=1; klique_csrf=c5rf; "
+        "klique_signin=s1gn",
         **{
             "X-Forwarded-For": "6.6.6.6",
             "X-Forwarded-Host": "evil.example",
@@ -137,9 +138,11 @@ def test_credentials_and_forwarding_headers_are_not_smuggled(routes) -> None:
     assert headers["x-forwarded-host"] == server.url.removeprefix("http://")
     assert headers["host"].startswith("127.0.0.1:") and "forwarded" not in headers
     assert alice not in json.dumps(seen)  # the Klique token never reaches the app
+    assert "s3cret" not in json.dumps(seen) and "c5rf" not in json.dumps(seen)
+    assert "s1gn" not in json.dumps(seen)
     planted = get(server, task["path"] + "set-cookie", alice)
     cookies = planted.headers.get_list("set-cookie")
-    assert cookies == ["app_cookie=fine; Path=/"], cookies  # the app cannot set the route's
+    assert cookies == ["app_cookie=fine; Path=/"], cookies  # the app cannot set Klique's
     # Both lengths: the proxy re-frames the body it read, so what follows is a request to the
     # server itself (refused without a token), never a second request to the app.
     smuggle = (
@@ -150,6 +153,31 @@ def test_credentials_and_forwarding_headers_are_not_smuggled(routes) -> None:
     answers = _raw(server, smuggle)
     assert answers.count(b'"name": "echo"') == 1, answers
     assert answers.count(b"HTTP/1.1 200") == 1 and b"HTTP/1.1 401" in answers, answers
+    stop(server, alice, task["id"])
+
+
+def test_a_read_only_token_opens_a_route_for_plain_reads_only(routes) -> None:
+    """Routes keep a token's scopes as the API does: `read` may look, not act (a POST to an
+    endpoint, a WebSocket to a session's kernel)."""
+    server, alice, _ = routes
+    with server.api() as api:
+        made = api.post("/tokens", json={"user": "alice", "scopes": ["read"]})
+    reader = made.json()["token"]
+    task = launch(server, alice, "http", params={"command": echo_command("echo")})
+    wait_ready(server, alice, task["id"])
+    assert get(server, task["path"], reader).json()["name"] == "echo"
+    with httpx.Client(base_url=server.url, timeout=30) as http:
+        posted = http.post(task["path"], headers={"Authorization": f"Bearer {reader}"})
+        assert posted.status_code == 403 and "'submit' scope" in posted.text
+        cookie = {"Cookie": f"klique_route={reader}", "Origin": server.url}
+        assert http.post(task["path"], headers=cookie).status_code == 403
+        assert http.post(task["path"], headers={"Authorization": f"Bearer {alice}"}).is_success
+    ws_url = server.url.replace("http://", "ws://") + task["path"]
+    with pytest.raises(InvalidStatus) as refused:
+        websockets.sync.client.connect(
+            ws_url, additional_headers={"Authorization": f"Bearer {reader}"}, open_timeout=30
+        )
+    assert refused.value.response.status_code == 403
     stop(server, alice, task["id"])
 
 

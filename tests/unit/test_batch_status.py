@@ -42,20 +42,28 @@ class ScriptedTransport(Transport):
     ) -> bytes | None:
         return self.files.get(path)
 
+    async def read_files(self, paths: Sequence[str], *, account: str) -> dict[str, bytes]:
+        return {p: self.files[p] for p in paths if p in self.files}
+
     async def _exec(self, *args: Any) -> Any:
         raise AssertionError("no process runs here")
 
 
-def pool_of(settings: str, answer: Answer, files: Mapping[str, bytes] | None = None):
-    estate = parse_estate(
+def estate_of(kind: str, settings: str = "") -> Any:
+    """An estate of one batch pool `p` of `kind` for alice and bob, with more `settings`."""
+    return parse_estate(
         f"""
 resources:
   r: {{profile: {{pools: [p], cpus: 1, walltime: 5s}}}}
 pools:
-  p: {{kind: pbs, job_root: /jobs, poll_interval: 1s, lost_after: 1s,
+  p: {{kind: {kind}, job_root: /jobs, poll_interval: 1s, lost_after: 1s,
       user_map: {{alice: alice, bob: bob}}{settings}}}
 """
     )
+
+
+def pool_of(settings: str, answer: Answer, files: Mapping[str, bytes] | None = None):
+    estate = estate_of("pbs", settings)
     context = Context(estate, Path("."), Path("klique-runner.pyz"), None)
     transport = ScriptedTransport(answer, files)
     return PbsDriver(estate.pools["p"], context, transport), transport, estate

@@ -1,7 +1,7 @@
 """tokens with a kind, scopes, a team, an expiry, revocation and last use; browser sessions
 
-Revision ID: 0004_identity
-Revises: 0003
+Revision ID: 0008_identity
+Revises: 0006_apps
 Create Date: 2026-11-30 13:00:00.000000
 """
 
@@ -9,7 +9,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0008_identity"
-down_revision = "0006_apps"
+down_revision = "0007_sdk"
 branch_labels = None
 depends_on = None
 

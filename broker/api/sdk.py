@@ -1,0 +1,324 @@
+"""The SDK's endpoints: tasks recorded where they run (Task.init), their parameters, sending
+one to a compute resource (execute_remotely), clones, pipeline steps and cached steps.
+
+A user's token acts on the user's tasks (an admin's on all). A task's report token acts on
+its own task, creates steps under it, and reads and cancels those steps (a pipeline
+controller running as a task); nothing else."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from dataclasses import replace
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Request
+from fastapi import Path as PathParam
+
+from broker.api.auth import Actor, ActorAuth, scheduler_of
+from broker.api.create import check_task, new_record, new_task
+from broker.api.schemas import RunIn, TaskOut
+from broker.api.sdk_schemas import (
+    CloneIn,
+    EndIn,
+    ParametersIn,
+    ParametersOut,
+    RecordIn,
+    RecordOut,
+    RemoteIn,
+    SettingsOut,
+    StepOut,
+)
+from broker.domain import LOCAL_POOL, CodeSpec, Origin, Task, TaskSpec, TaskState
+from broker.errors import KliqueError, NotFound, NotPermitted
+from broker.scheduler.loop import Scheduler
+from broker.store.repository import token_digest
+
+router = APIRouter(prefix="/api/v1")
+TaskId = Annotated[int, PathParam(ge=1, lt=2**63, description="A task's id.")]
+
+
+def acts_on(actor: Actor, task: Task) -> bool:
+    """The task's owner (or an admin) with a user token, or the task's own report token."""
+    if actor.task is not None:
+        return actor.task == task.id
+    return actor.admin or task.owner == actor.user
+
+
+def controls(actor: Actor, task: Task) -> bool:
+    """acts_on, or a pipeline's report token over its steps."""
+    return acts_on(actor, task) or (actor.task is not None and task.parent == actor.task)
+
+
+def reads(scheduler: Scheduler, actor: Actor, task: Task, name: str | None) -> bool:
+    """controls, or a step's report token on the artifact it was made to read."""
+    if controls(actor, task):
+        return True
+    if actor.task is None:
+        return False
+    inputs = scheduler.store.get(actor.task).inputs
+    if name is None:  # a listing: the task is one the step was made to read from
+        return any(source == task.id for source, _ in inputs)
+    return (task.id, name) in inputs
+
+
+def find(scheduler: Scheduler, task_id: int, actor: Actor, allowed: Any = acts_on) -> Task:
+    """The task, if `allowed`; otherwise the same 404 as a task that does not exist."""
+    try:
+        task = scheduler.store.get(task_id)
+    except NotFound:
+        task = None
+    if task is None or not allowed(actor, task):
+        raise NotFound(f"no task {task_id} of yours; `klique ls` lists your tasks")
+    return task
+
+
+def _out(task: Task, scheduler: Scheduler) -> TaskOut:
+    from broker.api.app import _task_out
+
+    return _task_out(task, scheduler, detail=True)
+
+
+def _spec(body: RunIn, resource: str, name: str, project: str) -> TaskSpec:
+    return TaskSpec(
+        command=tuple(body.command),
+        resource=resource,
+        name=name,
+        project=project,
+        env=dict(body.env),
+        code=CodeSpec(**body.code.model_dump()) if body.code else None,
+        requirements=tuple(body.requirements),
+        requirements_file=body.requirements_file,
+        image=body.image,
+    )
+
+
+@router.get("/sdk/settings")
+def settings(request: Request, actor: ActorAuth) -> SettingsOut:
+    estate = scheduler_of(request).estate
+    return SettingsOut(
+        pipeline_resource=estate.pipeline_resource or estate.default_resource,
+        default_resource=estate.default_resource,
+        artifact_max_bytes=estate.artifacts.max_bytes,
+    )
+
+
+@router.post("/sdk/tasks", status_code=201)
+def record(body: RecordIn, request: Request, actor: ActorAuth) -> RecordOut:
+    """Record a task: run here (no resource), queued on a resource, or reusing outputs."""
+    scheduler = scheduler_of(request)
+    parent = _parent(scheduler, body.parent, actor)
+    for ref in body.inputs:
+        if (
+            scheduler.store.artifact(find(scheduler, ref.task, actor, controls).id, ref.name)
+            is None
+        ):
+            raise NotFound(f"task {ref.task} has no artifact {ref.name!r}")
+    fields: dict[str, Any] = {
+        "parent_id": parent,
+        "parameters": body.parameters,
+        "packages": list(body.packages),
+        "inputs": [[ref.task, ref.name] for ref in body.inputs],
+        "cache_key": body.cache_key,
+    }
+    if body.reuse is not None:
+        return _reuse(scheduler, body, actor, fields)
+    if body.resource is None:
+        return _local(scheduler, body, actor, fields)
+    task = new_task(scheduler, actor, _spec(body, body.resource, body.name, body.project), fields)
+    return RecordOut(**_out(task, scheduler).model_dump())
+
+
+def _parent(scheduler: Scheduler, parent: int | None, actor: Actor) -> int | None:
+    """A report token's tasks are its own task's steps; a user's, under one of the user's."""
+    if actor.task is not None:
+        if parent not in (None, actor.task):
+            raise NotPermitted("a task's token makes steps of its own task only")
+        return actor.task
+    if parent is not None:
+        find(scheduler, parent, actor)
+    return parent
+
+
+def _local(scheduler: Scheduler, body: RecordIn, actor: Actor, fields: dict[str, Any]) -> RecordOut:
+    """A run outside any pool, recorded RUNNING as it starts and metered on `(local)`."""
+    if actor.task is not None:
+        raise NotPermitted(
+            "a task inside a Klique job is already recorded; Task.init attaches to it"
+        )
+    spec = _spec(body, LOCAL_POOL, body.name, body.project)
+    token = secrets.token_urlsafe(32)
+    fields.update(origin=Origin.LOCAL.value, pool=LOCAL_POOL, report_digest=token_digest(token))
+    task = new_record(
+        scheduler,
+        actor,
+        spec,
+        TaskState.RUNNING,
+        "running where it was started (recorded by the SDK)",
+        fields,
+    )
+    return RecordOut(**_out(task, scheduler).model_dump(), report_token=token)
+
+
+def _reuse(scheduler: Scheduler, body: RecordIn, actor: Actor, fields: dict[str, Any]) -> RecordOut:
+    """A step whose code and inputs match a completed one: its outputs, without running."""
+    assert body.reuse is not None
+    earlier = find(scheduler, body.reuse, actor, lambda a, t: t.owner == a.user or a.admin)
+    if earlier.state is not TaskState.COMPLETED:
+        raise KliqueError(f"task {earlier.id} is {earlier.state.value}; only completed ones reuse")
+    spec = _spec(body, body.resource or earlier.resource, body.name, body.project)
+    fields.update(origin=Origin.CACHED.value, pool=earlier.pool)
+    task = new_record(
+        scheduler,
+        actor,
+        spec,
+        TaskState.COMPLETED,
+        f"reused the outputs of task {earlier.id} (same code and inputs)",
+        fields,
+    )
+    scheduler.store.copy_artifacts(earlier.id, task.id)
+    return RecordOut(**_out(task, scheduler).model_dump())
+
+
+@router.get("/sdk/tasks/{task_id}")
+def get_record(task_id: TaskId, request: Request, actor: ActorAuth) -> TaskOut:
+    scheduler = scheduler_of(request)
+    return _out(find(scheduler, task_id, actor, controls), scheduler)
+
+
+@router.post("/sdk/tasks/{task_id}/parameters")
+def parameters(
+    task_id: TaskId, body: ParametersIn, request: Request, actor: ActorAuth
+) -> ParametersOut:
+    """Record parameters; with overwrite false, the values stored on the task win (a task
+    cloned with edited values runs with them, whatever the script's defaults say)."""
+    scheduler = scheduler_of(request)
+    task = find(scheduler, task_id, actor)
+    merged = scheduler.store.merge_parameters(task.id, body.values, body.overwrite)
+    return ParametersOut(parameters=merged)
+
+
+@router.post("/sdk/tasks/{task_id}/remote")
+def execute_remotely(
+    task_id: TaskId, body: RemoteIn, request: Request, actor: ActorAuth
+) -> TaskOut:
+    """A task running locally becomes the same task queued on a compute resource."""
+    scheduler = scheduler_of(request)
+    task = _local_task(scheduler, task_id, actor)
+    resource = body.resource or scheduler.estate.default_resource or ""
+    spec = _spec(RunIn(**body.model_dump()), resource, task.spec.name, task.spec.project)
+    check_task(scheduler, actor, spec)
+    from broker.store.repository import _spec_json
+
+    stored, diff = _spec_json(spec)
+    moved = scheduler.store.change_state(
+        task.id,
+        TaskState.QUEUED,
+        f"sent from where it ran to {resource}",
+        only_from=[TaskState.RUNNING],
+        origin=Origin.POOL.value,
+        pool=None,
+        resource=resource,
+        spec=stored,
+        diff=diff,
+        diff_bytes=len(diff.encode()),
+        gpus=scheduler.estate.resources[resource].profile.gpu_share,
+        report_digest="",
+    )
+    if moved is None:
+        raise KliqueError(f"task {task.id} is no longer running; it cannot be sent")
+    scheduler.wake()
+    return _out(moved, scheduler)
+
+
+@router.post("/sdk/tasks/{task_id}/end")
+def end(task_id: TaskId, body: EndIn, request: Request, actor: ActorAuth) -> TaskOut:
+    """A local run ends by its own word: no pool capacity was involved (SECURITY.md 7)."""
+    scheduler = scheduler_of(request)
+    task = _local_task(scheduler, task_id, actor)
+    state = TaskState.COMPLETED if body.outcome == "completed" else TaskState.FAILED
+    reason = body.reason or ("completed" if body.exit_code in (0, None) else "failed")
+    ended = scheduler.store.change_state(
+        task.id, state, reason, only_from=[TaskState.RUNNING], exit_code=body.exit_code
+    )
+    return _out(ended or scheduler.store.get(task.id), scheduler)
+
+
+def _local_task(scheduler: Scheduler, task_id: int, actor: Actor) -> Task:
+    if actor.task is not None:
+        raise NotPermitted("only the owner's own token can send or end a local run")
+    task = find(scheduler, task_id, actor)
+    if task.origin is not Origin.LOCAL:
+        raise KliqueError(
+            f"task {task.id} runs in pool {task.pool or '(none yet)'}; only a task that runs "
+            "locally (recorded by Task.init) can be sent or ended this way"
+        )
+    return task
+
+
+@router.post("/sdk/tasks/{task_id}/clone", status_code=201)
+def clone(task_id: TaskId, body: CloneIn, request: Request, actor: ActorAuth) -> TaskOut:
+    """A new queued task with the same code, packages and parameters (edited)."""
+    scheduler = scheduler_of(request)
+    task = find(scheduler, task_id, actor)
+    if task.origin is Origin.LOCAL and task.spec.resource == LOCAL_POOL and not body.resource:
+        raise KliqueError(f"task {task.id} ran locally; give the compute resource to run it on")
+    resource = body.resource or task.spec.resource
+    spec = replace(task.spec, resource=resource, name=body.name or task.spec.name)
+    fields = {
+        "parameters": {**task.parameters, **body.parameters},
+        "packages": list(task.packages),
+        "parent_id": None,
+    }
+    return _out(new_task(scheduler, actor, spec, fields), scheduler)
+
+
+@router.get("/sdk/tasks/{task_id}/steps")
+def steps(task_id: TaskId, request: Request, actor: ActorAuth) -> list[StepOut]:
+    """A pipeline's steps, each with the steps whose outputs it reads."""
+    scheduler = scheduler_of(request)
+    pipeline = find(scheduler, task_id, actor, controls)
+    return [
+        StepOut(
+            id=s.id,
+            name=s.spec.name,
+            state=s.state.value,
+            reason=s.reason,
+            resource=s.spec.resource,
+            pool=s.pool,
+            origin=s.origin.value,
+            exit_code=s.exit_code,
+            needs=sorted({t for t, _ in s.inputs}),
+        )
+        for s in scheduler.store.children(pipeline.id)
+    ]
+
+
+@router.post("/sdk/tasks/{task_id}/cancel")
+async def cancel(task_id: TaskId, request: Request, actor: ActorAuth) -> TaskOut:
+    """Cancel a task, or a pipeline's step with the pipeline's own token."""
+    scheduler = scheduler_of(request)
+    task = find(scheduler, task_id, actor, controls)
+    if not task.state.final:
+        task = await scheduler.cancel(task)
+    return _out(task, scheduler)
+
+
+@router.get("/sdk/cached")
+def cached(
+    request: Request,
+    actor: ActorAuth,
+    key: Annotated[str, Query(pattern=r"^[0-9a-f]{64}$")],
+) -> TaskOut:
+    """The newest completed task of the caller with this cache key (same code and inputs)."""
+    scheduler = scheduler_of(request)
+    task = scheduler.store.cached(actor.user, key)
+    if task is None:
+        raise NotFound("no completed task with this code and these inputs")
+    return _out(task, scheduler)
+
+
+async def cancel_steps(scheduler: Scheduler, parent: int) -> None:
+    """Cancelling a task cancels the tasks it made (a pipeline's steps) that have not ended."""
+    steps = await asyncio.to_thread(scheduler.store.children, parent)
+    await asyncio.gather(*(scheduler.cancel(s) for s in steps if not s.state.final))

@@ -1,0 +1,56 @@
+"""What `klique submit` sends: KEY=VALUE pairs, the command (or a script), the code (the
+checkout here, or a repository that is not checked out) and a requirements file's lines."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shlex
+from pathlib import Path
+from typing import Any
+
+import click
+
+
+def pairs(items: tuple[str, ...], option: str, json_values: bool = False) -> dict[str, Any]:
+    """KEY=VALUE items; with json_values, a value that reads as JSON is that value (0.01)."""
+    found: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint=option)
+        found[key] = value
+        if json_values:
+            with contextlib.suppress(ValueError):
+                found[key] = json.loads(value)
+    return found
+
+
+def argv(command: tuple[str, ...], script: str | None, script_args: str | None) -> list[str]:
+    if script is not None:
+        return ["python3", script, *shlex.split(script_args or ""), *command]
+    if script_args is not None:
+        raise click.UsageError("--args goes with --script PATH")
+    if not command:
+        raise click.UsageError("give the command after --, or --script PATH, or --clone ID")
+    return list(command)
+
+
+def code(no_code: bool, repo: str | None, branch: str | None, commit: str | None) -> Any:
+    from broker.codecapture import capture, remote_commit
+    from broker.domain import CodeSpec
+
+    if repo is None:
+        if branch or commit:
+            raise click.UsageError("--branch and --commit go with --repo URL")
+        return None if no_code else capture(Path.cwd())
+    if commit is None:
+        commit = remote_commit(repo, branch or "HEAD")
+    return CodeSpec(repo=repo, commit=commit)
+
+
+def requirement_lines(path: str | None) -> list[str]:
+    if path is None:
+        return []
+    lines = (line.split("#", 1)[0].strip() for line in Path(path).read_text().splitlines())
+    return [line for line in lines if line]

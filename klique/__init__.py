@@ -1,0 +1,17 @@
+"""The researcher's SDK: track a run, send it to a compute resource, chain runs into pipelines.
+
+    import klique
+    task = klique.Task.init(project="AI Engineering", name="train")
+    params = task.connect({"lr": 0.1, "epochs": 3})
+    task.execute_remotely(resource="1-gpu")      # stops here; the job goes on from Task.init
+    task.log.scalar("loss", 0.3, step=10)
+    task.upload_artifact("model", "model.pt")
+
+Standard library only (Python 3.8+): it runs inside every job, shipped in the runner."""
+
+from klique._api import KliqueError
+from klique.artifacts import Artifact, File
+from klique.pipeline import PipelineFailed, pipeline, step
+from klique.task import Task
+
+__all__ = ["Artifact", "File", "KliqueError", "PipelineFailed", "Task", "pipeline", "step"]

@@ -1,0 +1,206 @@
+"""The Slurm pool under a site's ordinary settings, on a private cluster started beside the shared
+one (tests/conftest_services.py `site_slurm_cluster`: PrivateData=jobs, JobRequeue=1). Each
+scenario ends with Slurm's own records: one job per task, and no task lost."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from batch_helpers import (
+    JOB_PYTHON,
+    count_lines,
+    login_node,
+    open_folder,
+    pool_yaml,
+    remove_tree,
+    search_path,
+    shared_folder,
+)
+from conftest import ROOT, Server, start_server, stop_server, submitted_id
+
+pytestmark = pytest.mark.slurm
+
+# Runs until the test creates the file named by its argument: the job stays RUNNING meanwhile.
+WAIT_FOR_FILE = "import os,sys,time\nwhile not os.path.exists(sys.argv[1]): time.sleep(0.1)"
+
+
+@dataclass
+class SitePool:
+    server: Server
+    folder: Path
+    estate: Path
+    job_root: Path
+    calls: Path  # one line per squeue the pool ran: its arguments
+    env: dict[str, str]
+    tokens: dict[str, str]
+
+    def submit(self, user: str, *command: str, resource: str = "cpu") -> int:
+        args = ("submit", "--no-code", "--json", "-r", resource, "--", *command)
+        return submitted_id(self.server.cli(*args, token=self.tokens[user]))
+
+
+@pytest.fixture(scope="module")
+def private_jobs_pool(site_slurm_cluster, test_users) -> Iterator[SitePool]:
+    """A server whose Slurm pool talks to the PrivateData=jobs cluster; its status commands are
+    counted. The query account is alice: as her, squeue shows none of bob's jobs."""
+    folder = shared_folder("klique-slurm-sites-")
+    job_root = open_folder(site_slurm_cluster.work / f"jobs-{folder.name}")
+    calls = folder / "squeue-calls"
+    path = search_path(login_node(folder, "slurm", None, calls))
+    yield from serve(folder, job_root, path, site_slurm_cluster.conf, calls)
+
+
+ESTATE = """
+resources:
+  cpu:
+    profile: {cpus: 1, memory: 100M, walltime: 10m, pools: [batch]}
+  held:
+    profile: {cpus: 1, memory: 100M, walltime: 10m, pools: [batch]}
+    extra_directives: [--hold]
+pools:
+"""
+
+
+def serve(folder: Path, job_root: Path, path: str, conf: Path, calls: Path) -> Iterator[SitePool]:
+    """A server with one Slurm pool `batch` whose commands come from `path`, on cluster `conf`."""
+    estate = folder / "estate.yaml"
+    estate.write_text(ESTATE + pool_yaml("slurm", job_root, None))
+    env = {"PATH": path, "SLURM_CONF": str(conf)}
+    server = start_server(folder / "home", estate, env)
+    try:
+        tokens = {u: server.make_token(u) for u in ("alice", "bob")}
+        yield SitePool(server, folder, estate, job_root, calls, env, tokens)
+    finally:
+        stop_server(server)
+        remove_tree(job_root)
+        remove_tree(folder)
+
+
+def slurm_jobs(conf: Path, job_root: str) -> dict[str, list[tuple[str, str]]]:
+    """Slurm's own record of the jobs whose script lies under `job_root`, by job name (as root,
+    who sees every job): name -> [(job id, state)]."""
+    done = subprocess.run(
+        ["squeue", "--all", "--noheader", "--states=all", "--format=%i|%j|%T|%o"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"PATH": "/usr/bin:/bin", "SLURM_CONF": str(conf)},
+    )
+    found: dict[str, list[tuple[str, str]]] = {}
+    for line in done.stdout.splitlines():
+        job_id, name, state, script = line.strip().split("|", 3)
+        if script.startswith(job_root):
+            found.setdefault(name, []).append((job_id, state))
+    return found
+
+
+def test_every_users_job_is_seen_where_private_data_hides_them(private_jobs_pool):
+    site = private_jobs_pool
+    go = site.folder / "go"
+    tasks = {
+        site.submit(user, JOB_PYTHON, "-c", WAIT_FOR_FILE, str(go)): user
+        for user in ("alice", "bob", "alice", "bob")
+    }
+    held = site.submit("bob", "true", resource="held")
+    # Bob's held job is seen pending with Slurm's own reason, though alice's squeue hides it
+    # (seen by nothing else: its runner has not started to report).
+    task = site.server.wait_state(held, {"pending"}, timeout=90, token=site.tokens["bob"])
+    assert task["reason"] == "pending in Slurm's queue; JobHeldUser", task
+    release = ["scontrol", "release", str(task["native_id"])]
+    subprocess.run(release, check=True, env={"PATH": "/usr/bin:/bin", **site.env})
+    tasks[held] = "bob"
+    for task_id, user in tasks.items():
+        site.server.wait_state(
+            task_id, {"running", "completed"}, timeout=90, token=site.tokens[user]
+        )
+    go.touch()
+    ended = {
+        task_id: site.server.wait_state(task_id, timeout=90, token=site.tokens[user])
+        for task_id, user in tasks.items()
+    }
+    assert {t["state"] for t in ended.values()} == {"completed"}, ended
+
+    # Status: one squeue per account per cycle, each naming one account, never a job.
+    calls = count_lines(site.calls)
+    assert calls and all(c.count("--users=") == 1 and "--jobs" not in c for c in calls)
+    assert {c.split("--users=")[1].split()[0] for c in calls} == {"alice", "bob"}
+    assert all("--all" in c.split() for c in calls)
+
+    # Slurm's own records: exactly one job per task, none lost.
+    records = slurm_jobs(site_conf(site), f"{site.job_root}/")
+    tags = {f"klique-{task_id}" for task_id in tasks}
+    assert {name: len(jobs) for name, jobs in records.items()} == dict.fromkeys(tags, 1)
+    assert all(state == "COMPLETED" for jobs in records.values() for _, state in jobs)
+
+
+def site_conf(site: SitePool) -> Path:
+    return Path(site.env["SLURM_CONF"])
+
+
+def test_estate_check_says_which_status_mode_the_pool_uses(private_jobs_pool):
+    site = private_jobs_pool
+    done = subprocess.run(
+        [sys.executable, "-m", "broker", "estate", "check", str(site.estate)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=ROOT,
+        env={**os.environ, **site.env, "KLIQUE_HOME": str(site.folder / "home")},
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (
+        "note: pool batch: PrivateData=jobs hides other users' jobs: one squeue (and sacct) per "
+        "mapped account per cycle"
+    ) in done.stdout, done.stdout
+
+
+# sbatch behind a link that loses slurmctld's replies, in turn: the job is queued and the reply
+# lost ("Socket timed out"), the request is lost (nothing queued, "Zero Bytes were transmitted"),
+# then an ordinary submission. sbatch's words are those of src/common/slurm_errno.c.
+LOSSY_SBATCH = """#!/bin/sh
+count='{count}'
+n=$(flock "$count" sh -c 'n=$(( $(cat "$1") + 1 )); echo $n >"$1"; echo $n' _ "$count")
+case $((n % 3)) in
+  1) {sbatch} "$@" >/dev/null 2>&1
+     echo "sbatch: error: Batch job submission failed: Socket timed out on send/recv operation" >&2
+     exit 1 ;;
+  2) echo "sbatch: error: Batch job submission failed: Zero Bytes were transmitted or received" >&2
+     exit 1 ;;
+  *) exec {sbatch} "$@" ;;
+esac
+"""
+
+
+@pytest.fixture
+def lossy_pool(slurm_cluster, test_users) -> Iterator[SitePool]:
+    """A server on the shared cluster whose sbatch loses replies (see LOSSY_SBATCH)."""
+    folder = shared_folder("klique-slurm-lossy-")
+    job_root = open_folder(slurm_cluster.work / f"jobs-{folder.name}")
+    bin_dir = login_node(folder, "slurm", None)
+    count = folder / "sbatch-count"
+    count.write_text("0\n")
+    count.chmod(0o666)
+    sbatch = bin_dir / "sbatch"
+    sbatch.write_text(LOSSY_SBATCH.format(count=count, sbatch="/usr/bin/sbatch"))
+    yield from serve(folder, job_root, search_path(bin_dir), slurm_cluster.conf, count)
+
+
+def test_a_lost_sbatch_reply_never_makes_a_second_job(lossy_pool):
+    site = lossy_pool
+    tasks = [site.submit("alice", "true") for _ in range(6)]
+    ended = {t: site.server.wait_state(t, timeout=120, token=site.tokens["alice"]) for t in tasks}
+    assert {t["state"] for t in ended.values()} == {"completed"}, ended
+    submissions = int(site.calls.read_text())
+    assert submissions > len(tasks)  # some replies were lost, some requests too
+
+    records = slurm_jobs(site_conf(site), f"{site.job_root}/")
+    tags = {f"klique-{task_id}" for task_id in tasks}
+    assert {name: len(jobs) for name, jobs in records.items()} == dict.fromkeys(tags, 1)
+    assert all(state == "COMPLETED" for jobs in records.values() for _, state in jobs)
