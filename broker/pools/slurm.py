@@ -21,10 +21,10 @@ from broker.pools.settings import BatchSettings
 # squeue(1), "JOB STATE CODES", and sacct(1), "JOB STATE CODES" (Slurm 22.05).
 SLURM_STATES: dict[str, TaskState] = {
     "PENDING": TaskState.PENDING,  # PD: awaiting resource allocation
-    "CONFIGURING": TaskState.RUNNING,  # CF: allocated, nodes booting
+    "CONFIGURING": TaskState.RUNNING,  # CF: allocated, waiting for it to be ready (booting)
     "RUNNING": TaskState.RUNNING,  # R
     "COMPLETING": TaskState.RUNNING,  # CG: finishing; the exit file is not final yet
-    "SUSPENDED": TaskState.RUNNING,  # S: allocation kept, execution suspended
+    "SUSPENDED": TaskState.RUNNING,  # S: allocation kept, execution suspended, CPUs released
     "STOPPED": TaskState.RUNNING,  # ST: SIGSTOP, allocation kept
     "RESIZING": TaskState.RUNNING,  # RS
     "SIGNALING": TaskState.RUNNING,  # SI: being signalled
@@ -41,9 +41,19 @@ SLURM_STATES: dict[str, TaskState] = {
     "TIMEOUT": TaskState.TIMEOUT,  # TO: reached its time limit
     "DEADLINE": TaskState.TIMEOUT,  # DL: reached its deadline
     "NODE_FAIL": TaskState.LOST,  # NF: a node it ran on failed
-    "BOOT_FAIL": TaskState.LOST,  # BF: a node failed to boot
+    "BOOT_FAIL": TaskState.LOST,  # BF: launch failure (node boot) and not requeued: it never ran
     "OUT_OF_MEMORY": TaskState.FAILED,  # OOM: over its memory limit
     "PREEMPTED": TaskState.FAILED,  # PR: preempted (requeued by Klique when the pool says so)
+}
+
+# Phases of a job that holds its allocation without running its script: squeue(1), "JOB STATE
+# CODES": CF "allocated resources, but are waiting for them to become ready for use (e.g.
+# booting)"; S "has an allocation, but execution has been suspended and CPUs have been released
+# for other jobs" (gang scheduling, or PreemptMode=SUSPEND in slurm.conf(5)). Not charged
+# unless the pool's `charge_phases` names them.
+SLURM_PHASES: dict[str, str] = {
+    "CONFIGURING": "configuring",
+    "SUSPENDED": "suspended",
 }
 
 SLURM_REASONS: dict[str, str] = {
@@ -57,6 +67,8 @@ SLURM_REASONS: dict[str, str] = {
     "PREEMPTED": "preempted (Slurm PREEMPTED)",
     "REVOKED": "revoked by the federation (Slurm REVOKED)",
     "PENDING": "pending in Slurm's queue",
+    "CONFIGURING": "its nodes are booting (Slurm CONFIGURING)",
+    "SUSPENDED": "suspended (Slurm SUSPENDED: gang scheduling or preemption)",
 }
 
 log = logging.getLogger("klique.pools")
@@ -121,6 +133,9 @@ class SlurmDriver(BatchDriver):
     REASONS = SLURM_REASONS
     PREEMPTED = frozenset({"PREEMPTED"})
     SELF_ENDED = frozenset({"COMPLETED", "FAILED"})  # the batch script's own exit or signal
+    PHASES = SLURM_PHASES
+    # sacct(1): BOOT_FAIL ends a job whose launch failed and that Slurm could not requeue.
+    NEVER_RAN = frozenset({"BOOT_FAIL"})
     # slurmctld did not answer (src/common/slurm_errno.c): the pool is down. For sbatch,
     # SUBMIT_UNKNOWN is matched first, so only a failed connection ("Unable to contact slurm
     # controller (connect failure)", ECONNREFUSED) proves that nothing was queued.

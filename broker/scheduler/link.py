@@ -87,7 +87,7 @@ class StoreLink:
     async def observed(self, task: Task, seen: Observation) -> None:
         if task.state is TaskState.PLACED:
             await self._adopt(task, seen)
-        elif seen.state.final and self._requeues(task, seen):
+        elif seen.state.final and (seen.retry or self._requeues(task, seen)):
             await self.requeue(task, f"{seen.reason}; requeued", skip=False, only_from=HOLDING)
         else:
             extra = {"exit_code": seen.exit_code} if seen.exit_code is not None else {}
@@ -100,6 +100,7 @@ class StoreLink:
                 seen.state,
                 seen.reason,
                 only_from=moves,
+                charged=seen.charged,
                 **extra,
             )
 

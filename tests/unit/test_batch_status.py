@@ -49,16 +49,21 @@ class ScriptedTransport(Transport):
         raise AssertionError("no process runs here")
 
 
-def pool_of(settings: str, answer: Answer, files: Mapping[str, bytes] | None = None):
-    estate = parse_estate(
+def estate_of(kind: str, settings: str) -> Any:
+    """One compute resource `r` on one pool `p` of this kind, for alice and bob."""
+    return parse_estate(
         f"""
 resources:
   r: {{profile: {{pools: [p], cpus: 1, walltime: 5s}}}}
 pools:
-  p: {{kind: pbs, job_root: /jobs, poll_interval: 1s, lost_after: 1s,
+  p: {{kind: {kind}, job_root: /jobs, poll_interval: 1s, lost_after: 1s,
       user_map: {{alice: alice, bob: bob}}{settings}}}
 """
     )
+
+
+def pool_of(settings: str, answer: Answer, files: Mapping[str, bytes] | None = None):
+    estate = estate_of("pbs", settings)
     context = Context(estate, Path("."), Path("klique-runner.pyz"), None)
     transport = ScriptedTransport(answer, files)
     return PbsDriver(estate.pools["p"], context, transport), transport, estate
