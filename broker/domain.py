@@ -113,12 +113,22 @@ class Profile:
 
 
 @dataclass(frozen=True)
+class CheckpointSignal:
+    """A signal the scheduler sends the job `before_s` seconds before its walltime ends; the
+    runner passes it on to the task, which may save its state."""
+
+    signal: str  # USR1 or USR2: the runner forwards them and keeps running
+    before_s: int
+
+
+@dataclass(frozen=True)
 class ComputeResource:
     name: str
     profile: Profile
     description: str = ""
     extra_directives: tuple[str, ...] = ()
     skip_directives: tuple[str, ...] = ()
+    checkpoint_signal: CheckpointSignal | None = None
 
 
 @dataclass(frozen=True)

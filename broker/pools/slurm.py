@@ -76,6 +76,9 @@ log = logging.getLogger("klique.pools")
 _SEP = "|"
 _SQUEUE_FORMAT = _SEP.join(["%i", "%j", "%T", "%r", "%o"])  # id, name, state, reason, script
 _SACCT_FORMAT = "JobID,JobName,State,ExitCode"
+# sbatch(1) --export: the job's environment is these (the runner's own) and the SLURM_*
+# variables Slurm sets, never the rest of the submitting account's login environment.
+_EXPORTED = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "TZ", "TMPDIR")
 _GPU_DIRECTIVE = {
     "gres": "--gres=gpu:{}",
     "gpus-per-node": "--gpus-per-node={}",
@@ -196,6 +199,10 @@ class SlurmDriver(BatchDriver):
             found.append(_GPU_DIRECTIVE[str(settings.get("gpu_flag") or "gres")].format(gpus))
         requeue = settings.get("requeue") or "slurm"
         found.append("--requeue" if requeue == "slurm" else "--no-requeue")
+        found.append(f"--export={','.join(_EXPORTED)}")
+        signal = self.context.estate.resources[task.resource].checkpoint_signal
+        if signal is not None:  # B: to the batch shell, which is the runner (it execs it)
+            found.append(f"--signal=B:{signal.signal}@{signal.before_s}")
         found += [
             f"--cpus-per-task={profile.cpus}",
             f"--mem={profile.memory_mb}M",
