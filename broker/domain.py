@@ -55,7 +55,9 @@ TRANSITIONS: dict[TaskState, frozenset[TaskState]] = {
     _S.PLACED: frozenset({_S.SUBMITTED, _S.QUEUED, _S.FAILED, _S.CANCELLED}),
     _S.SUBMITTED: frozenset({_S.PENDING, _S.RUNNING, _S.QUEUED} | _IN_POOL_ENDINGS),
     _S.PENDING: frozenset({_S.RUNNING, _S.QUEUED} | _IN_POOL_ENDINGS),
-    _S.RUNNING: frozenset({_S.QUEUED} | _IN_POOL_ENDINGS),
+    # RUNNING -> PENDING: the pool's scheduler requeued the job (Slurm's requeue after a node
+    # failure); only an observation that carries the scheduler's restart count makes it.
+    _S.RUNNING: frozenset({_S.QUEUED, _S.PENDING} | _IN_POOL_ENDINGS),
     _S.COMPLETED: frozenset(),
     _S.FAILED: frozenset(),
     _S.CANCELLED: frozenset(),

@@ -46,6 +46,7 @@ class ObservationIn(BaseModel):
     phase: Literal["", "configuring", "suspended"] = ""
     charged: bool = True
     retry: bool = False
+    requeued: bool = False
 
 
 class PoolStateIn(BaseModel):

@@ -37,6 +37,7 @@ class Observation:
     phase: str = ""
     charged: bool = True
     retry: bool = False  # the job never ran (its node failed to boot): it goes again
+    requeued: bool = False  # the scheduler requeued a running job (its restart count grew)
 
 
 # Outcomes that only the runner knows: the task itself ended, or (`timeout`) the scheduler's

@@ -58,6 +58,7 @@ class NativeStatus:
     exit_code: int | None = None
     script: str = ""  # the submitted script's path, where the status command shows it
     problem: str = ""  # the job's record could not be read: why (it waits for the next cycle)
+    restarts: int | None = None  # how often the scheduler requeued it, where it says
 
 
 def unreadable(native_id: str, problem: str) -> NativeStatus:
@@ -90,6 +91,9 @@ class BatchDriver(PoolDriver):
     PHASES: ClassVar[Mapping[str, str]] = {}
     # Native end states of a job that never ran (its node failed to boot): it goes again.
     NEVER_RAN: ClassVar[frozenset[str]] = frozenset()
+    # Status reasons of a job the scheduler requeued and held after its launch failed: the
+    # pool's `requeued_held` releases it, or withdraws it (the task goes again from Klique).
+    HELD_AFTER_FAILED_LAUNCH: ClassVar[re.Pattern[str] | None] = None
     SUBMIT_STDIN: ClassVar[bool] = False  # the submit command reads the script on its stdin
     # Status errors that mean the scheduler shows each account only its own jobs: status then
     # runs one query per mapped account, as that account (the pool's `status_per_account`).
@@ -107,6 +111,8 @@ class BatchDriver(PoolDriver):
         self._last: dict[str, NativeStatus] = {}
         self._missing_since: dict[int, float] = {}
         self._phases: dict[int, str] = {}  # the phase last reported for each running task
+        self._restarts: dict[int, int] = {}  # each running task's job's restart count
+        self._freed: set[tuple[str, int | None]] = set()  # held jobs acted on: (id, restarts)
         phases = pool.settings.get("charge_phases")
         self._charged = frozenset(phases) if isinstance(phases, list) else frozenset()
         self._capacity = Capacity()
@@ -170,6 +176,10 @@ class BatchDriver(PoolDriver):
 
     def parse_history(self, stdout: str) -> list[NativeStatus]:
         return []
+
+    def release_argv(self, native_id: str) -> list[str] | None:
+        """Release a held job (None: the scheduler cannot)."""
+        return None
 
     def ending_note(self, job_dir: str) -> str | None:
         """A file in the job directory where the scheduler notes why it ended a job (its own
@@ -406,7 +416,9 @@ class BatchDriver(PoolDriver):
             if seen is None:
                 continue
             new_phase = self._new_phase(task, seen)
-            if seen.state != task.state or new_phase:
+            if self._held_after_failed_launch(status):
+                news[task.id] = await self._free_held(task, status, seen)
+            elif seen.state != task.state or new_phase:
                 news[task.id] = seen
         if gone:
             news.update(await self._settle(gone, docs))
@@ -495,10 +507,55 @@ class BatchDriver(PoolDriver):
             return None
         if not state.final:
             self._missing_since.pop(task.id, None)
+            if self._requeued(task, status, state):
+                return Observation(state, self._requeue_reason(status), requeued=True)
             phase = self.PHASES.get(status.state, "")
             charged = not phase or phase in self._charged
             return Observation(state, self._reason(status), phase=phase, charged=charged)
         return self._final(task, status, exit_doc)
+
+    def _requeued(self, task: Task, status: NativeStatus, state: TaskState) -> bool:
+        """A running task's job waits again: a real requeue only where the scheduler's restart
+        count grew since it was seen running (else the listing is older than the runner's
+        report). Without a count, nothing moves a running task back."""
+        if status.restarts is None:
+            return False
+        known = self._restarts.get(task.id, 0)
+        if state is TaskState.RUNNING:
+            self._restarts[task.id] = max(known, status.restarts)
+            return False
+        if task.state is not TaskState.RUNNING or status.restarts <= known:
+            return False
+        self._restarts[task.id] = status.restarts
+        return True
+
+    def _requeue_reason(self, status: NativeStatus) -> str:
+        why = status.reason if status.reason not in ("", "None") else "no reason given"
+        return f"requeued by {self.kind} (restart {status.restarts}): {why}"
+
+    def _held_after_failed_launch(self, status: NativeStatus) -> bool:
+        pattern = self.HELD_AFTER_FAILED_LAUNCH
+        fresh = (status.native_id, status.restarts) not in self._freed
+        return bool(pattern and pattern.search(status.reason)) and fresh
+
+    async def _free_held(self, task: Task, status: NativeStatus, seen: Observation) -> Observation:
+        """The scheduler held a job whose launch failed: released in place, or withdrawn so
+        that the task goes again (the pool's `requeued_held`); the reason says which."""
+        self._freed.add((status.native_id, status.restarts))
+        reason = seen.reason or self._requeue_reason(status)
+        argv = self.release_argv(status.native_id)
+        if self.pool.settings.get("requeued_held") == "withdraw" or argv is None:
+            await self.cancel(task)
+            return Observation(
+                TaskState.LOST,
+                f"{reason}; withdrawn by Klique (requeued_held: withdraw)",
+                retry=True,
+            )
+        done = await self.transport.run(argv, account=self.account(task), timeout=60)
+        if done.returncode != 0:
+            words = (done.stderr or done.stdout).strip() or f"exit {done.returncode}"
+            return replace(seen, reason=f"{reason}; Klique could not release it: {words}")
+        return replace(seen, reason=f"{reason}; released by Klique (requeued_held: release)")
 
     def _new_phase(self, task: Task, seen: Observation) -> bool:
         """A phase change is news even where the state stays (running, then suspended); a
@@ -523,6 +580,7 @@ class BatchDriver(PoolDriver):
             )
         self._missing_since.pop(task.id, None)
         self._phases.pop(task.id, None)
+        self._restarts.pop(task.id, None)
         if exit_doc is not None and exit_doc.get("outcome") in RUNNER_OUTCOMES:
             return observation_from_exit(exit_doc)
         if exit_doc is None and status.state in self.NEVER_RAN:

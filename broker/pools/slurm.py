@@ -74,7 +74,9 @@ SLURM_REASONS: dict[str, str] = {
 log = logging.getLogger("klique.pools")
 
 _SEP = "|"
-_SQUEUE_FORMAT = _SEP.join(["%i", "%j", "%T", "%r", "%o"])  # id, name, state, reason, script
+# squeue(1) --Format: a field with the suffix "|" and no size is printed whole, then "|". The
+# script comes last (a path may hold "|"); RestartCnt counts Slurm's requeues of the job.
+_SQUEUE_FIELDS = "JobID:|,Name:|,State:|,Reason:|,RestartCnt:|,Command:"
 _SACCT_FORMAT = "JobID,JobName,State,ExitCode"
 # sbatch(1) --export: the job's environment is these (the runner's own) and the SLURM_*
 # variables Slurm sets, never the rest of the submitting account's login environment.
@@ -97,6 +99,9 @@ class SlurmSettings(BatchSettings):
     # Who runs a job again after a node failure or a preemption (sbatch(1) --requeue,
     # --no-requeue; slurm.conf(5) JobRequeue): Slurm, Klique (requeue_preempted), or nobody.
     requeue: Literal["slurm", "klique", "none"] = "slurm"
+    # A job Slurm requeued and held after its launch failed ("launch failed requeued held"):
+    # released in place, or withdrawn (cancelled; the task goes again from Klique's queue).
+    requeued_held: Literal["release", "withdraw"] = "release"
     accounting: Literal["none", "slurmdbd", "jobcomp"] = "none"  # where sacct reads from
     # An account Slurm shows every user's jobs to (an operator or administrator in sacctmgr, or
     # SlurmUser): with PrivateData=jobs, status is then one query as it instead of one per account.
@@ -139,6 +144,10 @@ class SlurmDriver(BatchDriver):
     PHASES = SLURM_PHASES
     # sacct(1): BOOT_FAIL ends a job whose launch failed and that Slurm could not requeue.
     NEVER_RAN = frozenset({"BOOT_FAIL"})
+    # slurmctld (src/slurmctld/job_mgr.c) requeues a batch job whose launch failed and holds
+    # it: squeue's reason reads "launch failed requeued held". A hold of an operator's own
+    # (`scontrol requeuehold`, JobHeldAdmin, JobHeldUser) is left alone.
+    HELD_AFTER_FAILED_LAUNCH = re.compile(r"launch failed requeued held")
     # slurmctld did not answer (src/common/slurm_errno.c): the pool is down. For sbatch,
     # SUBMIT_UNKNOWN is matched first, so only a failed connection ("Unable to contact slurm
     # controller (connect failure)", ECONNREFUSED) proves that nothing was queued.
@@ -232,7 +241,7 @@ class SlurmDriver(BatchDriver):
             "--all",  # also jobs in hidden partitions and those the account may not use
             "--states=all",
             f"--users={','.join(accounts)}",
-            f"--format={_SQUEUE_FORMAT}",
+            f"--Format={_SQUEUE_FIELDS}",
         ]
 
     def parse_status(self, stdout: str) -> list[NativeStatus]:
@@ -240,6 +249,9 @@ class SlurmDriver(BatchDriver):
 
     def cancel_argv(self, native_id: str) -> list[str]:
         return ["scancel", native_id]
+
+    def release_argv(self, native_id: str) -> list[str] | None:
+        return ["scontrol", "release", native_id]
 
     def capacity_argv(self) -> list[str] | None:
         argv = ["sinfo", "--noheader", "--Format=CPUsState:|,Gres:|,GresUsed:|"]
@@ -314,16 +326,20 @@ def parse_private_data(stdout: str) -> frozenset[str] | None:
 
 
 def parse_squeue(stdout: str) -> list[NativeStatus]:
-    """`squeue --format=%i|%j|%T|%r|%o` lines (the script last, as a path may hold '|'; older
-    captures end at %r); job names are Klique's tags, so never contain '|'."""
+    """`squeue --Format=JobID:|,Name:|,State:|,Reason:|,RestartCnt:|,Command:` lines (the
+    script last, as a path may hold '|'; older captures have no restart count, or end at the
+    reason); job names are Klique's tags, so never contain '|'."""
     found = []
     for line in stdout.splitlines():
-        parts = line.strip().split(_SEP, 4)
+        parts = line.strip().split(_SEP, 5)
         if len(parts) < 4:
             continue
         job_id, name, state, reason = parts[:4]
-        script = parts[4] if len(parts) == 5 else ""
-        found.append(NativeStatus(job_id, name, state, reason, script=script))
+        rest = parts[4:]
+        restarts = int(rest.pop(0)) if len(rest) == 2 and rest[0].isdigit() else None
+        script = _SEP.join(rest)
+        script = "" if script == "(null)" else script
+        found.append(NativeStatus(job_id, name, state, reason, script=script, restarts=restarts))
     return found
 
 

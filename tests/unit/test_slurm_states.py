@@ -16,7 +16,7 @@ from test_slurm_site_settings import poll, slurm_pool
 
 from broker.domain import TaskState
 from broker.pools.base import Observation
-from broker.pools.slurm import SLURM_PHASES, SLURM_STATES
+from broker.pools.slurm import SLURM_PHASES, SLURM_STATES, parse_squeue
 from broker.preview import sample_task
 from broker.scheduler.link import StoreLink
 from broker.store.repository import Store
@@ -32,17 +32,7 @@ def test_every_phase_is_a_running_state_of_slurms_table():
 
 def squeue_showing(states: list[str]) -> Answer:
     """squeue answers job 11 in each of `states`, one per query, the last one from then on."""
-    left = list(states)
-
-    def answer(argv: list[str], account: str) -> Completed:
-        if argv[0] == "squeue":
-            state = left.pop(0) if len(left) > 1 else left[0]
-            return Completed(0, f"11|klique-1|{state}|None|/jobs/klique-1/job.sh\n", "")
-        if argv[:3] == ["scontrol", "show", "config"]:
-            return Completed(0, "PrivateData = none\n", "")
-        return Completed(0, "", "")
-
-    return answer
+    return squeue_lines([f"{state}|None|0" for state in states])
 
 
 def task_in(estate: Any, state: TaskState, attempts: int = 1) -> Any:
@@ -195,3 +185,94 @@ def test_a_boot_failure_puts_the_task_back_in_the_queue(store):
     again = store.get(task.id)
     assert again.state is TaskState.QUEUED and again.native_id is None
     assert "never ran; requeued" in again.reason
+
+
+def test_squeue_lines_carry_the_restart_count():
+    # squeue --Format=JobID:|,Name:|,State:|,Reason:|,RestartCnt:|,Command: (Slurm 22.05)
+    [new, none, old] = parse_squeue(
+        "7|klique-1|PENDING|BeginTime|1|/jobs/a|b/job.sh\n"
+        "8|klique-2|RUNNING|None|0|(null)\n"
+        "9|klique-3|RUNNING|None|/jobs/c/job.sh\n"
+    )
+    assert (new.restarts, new.script, new.reason) == (1, "/jobs/a|b/job.sh", "BeginTime")
+    assert (none.restarts, none.script) == (0, "")
+    assert (old.restarts, old.script) == (None, "/jobs/c/job.sh")
+
+
+def squeue_lines(lines: list[str], calls: list[list[str]] | None = None) -> Answer:
+    """squeue answers job 11 with each line in turn (the last from then on); other commands
+    are recorded in `calls` and succeed."""
+    left = list(lines)
+
+    def answer(argv: list[str], account: str) -> Completed:
+        if argv[0] == "squeue":
+            line = left.pop(0) if len(left) > 1 else left[0]
+            return Completed(0, f"11|klique-1|{line}|/jobs/klique-1/job.sh\n", "")
+        if argv[:3] == ["scontrol", "show", "config"]:
+            return Completed(0, "PrivateData = none\n", "")
+        if calls is not None and argv[0] != "sinfo":
+            calls.append([*argv, account])
+        return Completed(0, "", "")
+
+    return answer
+
+
+def test_only_a_grown_restart_count_moves_a_running_task_back_to_pending():
+    answer = squeue_lines(["RUNNING|None|0", "PENDING|Priority|0", "PENDING|BeginTime|1"])
+    driver, _, estate = slurm_pool(answer)
+    task = task_in(estate, TaskState.RUNNING)
+    assert poll(driver, [task]) == {}
+    stale = poll(driver, [task])[1]  # a listing older than the runner's report
+    assert (stale.state, stale.requeued) == (TaskState.PENDING, False)
+    requeued = poll(driver, [task])[1]
+    assert (requeued.state, requeued.requeued) == (TaskState.PENDING, True)
+    assert requeued.reason == "requeued by slurm (restart 1): BeginTime"
+
+
+def test_the_control_plane_moves_a_running_task_back_only_on_a_requeue(store):
+    _, _, estate = slurm_pool(squeue_showing(["RUNNING"]))
+    link = StoreLink(store, estate)
+    task = placed_task(store, estate)
+    asyncio.run(link.observed(store.get(task.id), Observation(TaskState.RUNNING)))
+    stale = Observation(TaskState.PENDING, "pending in Slurm's queue")
+    asyncio.run(link.observed(store.get(task.id), stale))
+    assert store.get(task.id).state is TaskState.RUNNING
+    requeued = Observation(TaskState.PENDING, "requeued by slurm (restart 1): x", requeued=True)
+    asyncio.run(link.observed(store.get(task.id), requeued))
+    again = store.get(task.id)
+    assert (again.state, again.reason) == (TaskState.PENDING, "requeued by slurm (restart 1): x")
+    assert [r.end is not None for r in store.ledger()] == [True]  # its run is closed
+
+
+HELD = "PENDING|launch failed requeued held|1"
+
+
+def test_a_job_held_after_a_failed_launch_is_released_once():
+    calls: list[list[str]] = []
+    driver, _, estate = slurm_pool(squeue_lines([HELD], calls))
+    task = task_in(estate, TaskState.RUNNING)
+    seen = poll(driver, [task])[1]
+    assert seen.state is TaskState.PENDING and seen.requeued
+    assert seen.reason == (
+        "requeued by slurm (restart 1): launch failed requeued held; "
+        "released by Klique (requeued_held: release)"
+    )
+    assert calls == [["scontrol", "release", "11", "alice"]]
+    poll(driver, [replace(task, state=TaskState.PENDING)])
+    assert len(calls) == 1  # the same hold is acted on once
+
+
+def test_a_job_held_after_a_failed_launch_may_be_withdrawn():
+    calls: list[list[str]] = []
+    driver, _, estate = slurm_pool(squeue_lines([HELD], calls), ", requeued_held: withdraw")
+    seen = poll(driver, [task_in(estate, TaskState.PENDING)])[1]
+    assert (seen.state, seen.retry) == (TaskState.LOST, True)
+    assert "withdrawn by Klique (requeued_held: withdraw)" in seen.reason
+    assert calls == [["scancel", "11", "alice"]]
+
+
+def test_an_operators_own_hold_is_left_alone():
+    calls: list[list[str]] = []
+    driver, _, estate = slurm_pool(squeue_lines(["PENDING|JobHeldAdmin|1"], calls))
+    poll(driver, [task_in(estate, TaskState.PENDING)])
+    assert calls == []
