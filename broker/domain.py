@@ -62,7 +62,9 @@ TRANSITIONS: dict[TaskState, frozenset[TaskState]] = {
     _S.PLACED: frozenset({_S.SUBMITTED, _S.QUEUED, _S.FAILED, _S.CANCELLED}),
     _S.SUBMITTED: frozenset({_S.PENDING, _S.RUNNING, _S.QUEUED} | _IN_POOL_ENDINGS),
     _S.PENDING: frozenset({_S.RUNNING, _S.QUEUED} | _IN_POOL_ENDINGS),
-    _S.RUNNING: frozenset({_S.QUEUED} | _IN_POOL_ENDINGS),
+    # RUNNING -> PENDING: the pool's scheduler requeued the job (Slurm's requeue after a node
+    # failure); only an observation that carries the scheduler's restart count makes it.
+    _S.RUNNING: frozenset({_S.QUEUED, _S.PENDING} | _IN_POOL_ENDINGS),
     _S.COMPLETED: frozenset(),
     _S.FAILED: frozenset(),
     _S.CANCELLED: frozenset(),
@@ -133,12 +135,22 @@ class Profile:
 
 
 @dataclass(frozen=True)
+class CheckpointSignal:
+    """A signal the scheduler sends the job `before_s` seconds before its walltime ends; the
+    runner passes it on to the task, which may save its state."""
+
+    signal: str  # USR1 or USR2: the runner forwards them and keeps running
+    before_s: int
+
+
+@dataclass(frozen=True)
 class ComputeResource:
     name: str
     profile: Profile
     description: str = ""
     extra_directives: tuple[str, ...] = ()
     skip_directives: tuple[str, ...] = ()
+    checkpoint_signal: CheckpointSignal | None = None
 
 
 @dataclass(frozen=True)

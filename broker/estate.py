@@ -7,14 +7,15 @@ import os
 import re
 from dataclasses import replace
 from pathlib import Path
-from typing import Annotated, Any, Union
+from typing import Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import Field, TypeAdapter, ValidationError
+from pydantic import BeforeValidator, Field, TypeAdapter, ValidationError, model_validator
 
 from broker.domain import (
     AppSettings,
     ArtifactSettings,
+    CheckpointSignal,
     ComputeResource,
     Estate,
     Limits,
@@ -29,7 +30,7 @@ from broker.errors import EstateError
 from broker.identity.config import IdentityFile, identity_problems
 from broker.pools.registry import kinds
 from broker.pools.settings import PoolSettings, UserMapRule
-from broker.units import Name, Seconds, SecondsOrZero, SizeMB, Strict
+from broker.units import Name, Seconds, SecondsOrZero, SizeMB, Strict, parse_duration_s
 
 
 class ProfileFile(Strict):
@@ -42,11 +43,28 @@ class ProfileFile(Strict):
     pools: list[Name] = Field(min_length=1)
 
 
+class CheckpointSignalFile(Strict):
+    # USR1/USR2: the runner forwards them to the task and goes on (TERM would end the run).
+    signal: Literal["USR1", "USR2"] = "USR1"
+    before: Annotated[int, BeforeValidator(parse_duration_s), Field(gt=0, le=65535)]  # sbatch(1)
+
+
 class ResourceFile(Strict):
     description: str = ""
     profile: ProfileFile
     extra_directives: list[str] = []
     skip_directives: list[str] = []
+    checkpoint_signal: CheckpointSignalFile | None = None
+
+    @model_validator(mode="after")
+    def _signal_within_walltime(self) -> ResourceFile:
+        signal = self.checkpoint_signal
+        if signal is not None and signal.before >= self.profile.walltime:
+            raise ValueError(
+                f"checkpoint_signal.before ({signal.before} s) is not shorter than the walltime "
+                f"({self.profile.walltime} s); fix: send it less than the walltime before its end"
+            )
+        return self
 
 
 class PolicyFile(Strict):
@@ -360,6 +378,7 @@ def _build(model: EstateFile, pools: dict[str, PoolSettings], source: str) -> Es
             ),
             extra_directives=tuple(r.extra_directives),
             skip_directives=tuple(r.skip_directives),
+            checkpoint_signal=_checkpoint_signal(r.checkpoint_signal),
         )
         for name, r in model.resources.items()
     }
@@ -414,6 +433,10 @@ def _beside(source: str, folder: str | None) -> str | None:
     if folder is None or os.path.isabs(folder) or not os.path.isfile(source):
         return folder
     return os.path.join(os.path.dirname(os.path.abspath(source)), folder)
+
+
+def _checkpoint_signal(given: CheckpointSignalFile | None) -> CheckpointSignal | None:
+    return None if given is None else CheckpointSignal(given.signal, given.before)
 
 
 def _build_pool(name: str, p: PoolSettings) -> Pool:

@@ -33,11 +33,16 @@ SCRIPTS: dict[str, str] = {
     # unpack FOLDER [--stdin=FILE] [COMMAND...] < tar: a NEW folder (mkdir without -p fails on
     # any existing name: a folder, a link, a file someone planted; -m 700 makes it private from
     # the first instant), its files with their modes, then the command, if any, in the same
-    # process (umask 077: what it starts, a batch job, makes private files too).
+    # process (umask 077: what it starts, a batch job, makes private files too), without
+    # SBATCH_* and SLURM_* but SLURM_CONF: sbatch(1), "INPUT ENVIRONMENT VARIABLES", they
+    # override the script's #SBATCH lines (a login shell's SBATCH_TIMELIMIT or SBATCH_PARTITION
+    # would change the job), and an enclosing job's SLURM_* would leak into the new one.
     "unpack": (
         f'umask 077; mkdir -m 700 -- "$1" && tar -x -m -p -f - -C "$1" || '
         f'{{ echo "{UNPACK_WORDS}" >&2; exit {UNPACK_FAILED}; }}; shift; '
         '[ "$#" -eq 0 ] && exit 0; '
+        "for name in $(env | sed -n 's/^\\(S\\(BATCH\\|LURM\\)_[A-Za-z0-9_]*\\)=.*/\\1/p'); do "
+        '[ "$name" = SLURM_CONF ] || unset "$name"; done; '
         'case "$1" in --stdin=*) input=${1#--stdin=}; shift; exec "$@" <"$input";; esac; '
         'exec "$@"'
     ),
@@ -78,5 +83,3 @@ def untar(data: bytes) -> dict[str, bytes]:
     except tarfile.TarError as exc:
         raise TransportError(f"a file listing could not be read: {exc}") from exc
     return found
-
-

@@ -76,6 +76,9 @@ def unpack(folder, *arguments):
     if not command or command[0] not in SUBMIT_PROGRAMS:
         sys.stderr.write(f"klique-helper runs only {', '.join(SUBMIT_PROGRAMS)} after unpack\n")
         return 126
+    for name in [n for n in os.environ if n.startswith(("SBATCH_", "SLURM_"))]:
+        if name != "SLURM_CONF":  # sbatch(1): input variables override the script's lines
+            del os.environ[name]
     os.execvp(command[0], command)  # noqa: S606 - one of SUBMIT_PROGRAMS, checked above
     return 127  # not reached
 

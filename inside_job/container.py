@@ -231,6 +231,7 @@ def pyxis_srun_argv(image: str, job_dir: str) -> list[str]:
         f"--container-mounts={job_dir}:{job_dir}",
         f"--container-workdir={job_dir}",
         "--no-container-entrypoint",
+        "--export=ALL",  # the batch script's environment (itself sbatch's --export list)
     ]
 
 

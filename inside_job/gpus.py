@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
-# Variables each scheduler sets in the job, most trustworthy first.
-# - Slurm (sbatch(1)/srun(1) "OUTPUT ENVIRONMENT VARIABLES"): CUDA_VISIBLE_DEVICES is set by the
-#   gres/gpu plugin and is already relative to the job's device cgroup; SLURM_STEP_GPUS (in a
-#   step) and SLURM_JOB_GPUS (batch script) are the global ids, used when it is absent.
+# Variables each scheduler sets in the job that number the GPUs as CUDA sees them, most
+# trustworthy first.
+# - Slurm (sbatch(1)/srun(1) "OUTPUT ENVIRONMENT VARIABLES", gres.conf(5)): CUDA_VISIBLE_DEVICES
+#   is set by the gres/gpu plugin, relative to the job's device cgroup (ConstrainDevices=yes in
+#   cgroup.conf(5) renumbers the granted GPUs from 0). SLURM_STEP_GPUS (in a step) and
+#   SLURM_JOB_GPUS (batch script) are the node's global ids: never CUDA's numbers, since inside
+#   a device cgroup they name other GPUs or none. Without CUDA_VISIBLE_DEVICES (gres.conf
+#   Flags=no_gpu_env) the runner leaves CUDA's numbering alone: the cgroup shows the grant.
 # - PBS Professional / OpenPBS: the cgroups hook (Administrator's Guide, "Configuring and Using
 #   PBS with Cgroups", devices subsystem) sets CUDA_VISIBLE_DEVICES for jobs that ask for ngpus.
 #   Torque instead writes PBS_GPUFILE, one "<host>-gpu<N>" line per granted GPU
@@ -13,7 +17,7 @@ from __future__ import annotations
 # - LSF (IBM Spectrum LSF 10.1, "NVIDIA GPU access enforcement"): "When LSF allocates GPUs for a
 #   job, it sets the CUDA_VISIBLE_DEVICES environment variable".
 SCHEDULER_GPU_VARIABLES: dict[str, tuple[str, ...]] = {
-    "slurm": ("CUDA_VISIBLE_DEVICES", "SLURM_STEP_GPUS", "SLURM_JOB_GPUS"),
+    "slurm": ("CUDA_VISIBLE_DEVICES",),
     "pbs": ("CUDA_VISIBLE_DEVICES", "PBS_GPUFILE"),
     "lsf": ("CUDA_VISIBLE_DEVICES",),
 }
@@ -33,9 +37,10 @@ _NOT_DEVICES = {"NoDevFiles", "none", "void"}
 
 class Grant:
     """The granted GPUs: as the host numbers them, and as CUDA numbers them inside the job
-    (the same unless a device cgroup renumbered them)."""
+    (the same unless a device cgroup renumbered them; None where the scheduler names only the
+    host's numbers)."""
 
-    def __init__(self, host: list[str], cuda: list[str]) -> None:
+    def __init__(self, host: list[str], cuda: list[str] | None) -> None:
         self.host = host
         self.cuda = cuda
 
@@ -46,8 +51,8 @@ class Grant:
 def granted(
     scheduler: str, task_gpus: list[str] | None, environ: dict[str, str]
 ) -> list[str] | None:
-    """The granted device ids as CUDA numbers them in the job; None when the scheduler says
-    nothing (leave the variables alone)."""
+    """The granted device ids as CUDA numbers them in the job; None when the scheduler does
+    not say (leave the variables alone)."""
     found = grant(scheduler, task_gpus, environ)
     return None if found is None else found.cuda
 
@@ -57,9 +62,9 @@ def grant(scheduler: str, task_gpus: list[str] | None, environ: dict[str, str]) 
     if task_gpus is not None:
         return Grant(list(task_gpus), list(task_gpus))
     cuda = _first(SCHEDULER_GPU_VARIABLES.get(scheduler, ()), environ)
-    if cuda is None:
-        return None
     host = _first(SCHEDULER_HOST_GPU_VARIABLES.get(scheduler, ()), environ)
+    if cuda is None:
+        return None if host is None else Grant(host, None)
     if host is None or len(host) != len(cuda):
         host = cuda
     return Grant(host, cuda)
@@ -108,7 +113,7 @@ def task_env(found: Grant | list[str] | None, runtime: str | None) -> dict[str, 
 
     - No container, or Pyxis (the runner already runs inside it, with the job's /dev and
       device cgroup): CUDA_VISIBLE_DEVICES as the scheduler numbers them; nothing when the
-      scheduler said nothing.
+      scheduler gave no CUDA numbers (Slurm's global ids are never used as CUDA's).
     - Charliecloud, Apptainer, Singularity: the container shares the host's /dev (and the job's
       device cgroup), so CUDA numbers GPUs as in the job; NVIDIA_VISIBLE_DEVICES names the host's.
     - enroot: the runner sets ENROOT_RESTRICT_DEV, so /dev inside holds only the devices that
@@ -118,13 +123,16 @@ def task_env(found: Grant | list[str] | None, runtime: str | None) -> dict[str, 
     if isinstance(found, list):
         found = Grant(found, found)
     if runtime in (None, "pyxis"):
-        return {} if found is None else {"CUDA_VISIBLE_DEVICES": ",".join(found.cuda)}
+        if found is None or found.cuda is None:
+            return {}
+        return {"CUDA_VISIBLE_DEVICES": ",".join(found.cuda)}
     found = found or Grant([], [])
     env = {
-        "CUDA_VISIBLE_DEVICES": ",".join(found.cuda),
         "NVIDIA_VISIBLE_DEVICES": ",".join(found.host) or "void",
         "NVIDIA_DRIVER_CAPABILITIES": DRIVER_CAPABILITIES,
     }
+    if found.cuda is not None:  # else the container sees the job's cgroup, numbered by CUDA
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(found.cuda)
     if runtime == "enroot":
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(len(found.host)))
     return env

@@ -13,6 +13,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Callable
 
+_CHECKPOINT = (signal.SIGUSR1, signal.SIGUSR2)  # sbatch --signal=B:USR1@N, and the like
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGCONT)
 # Reset in the task: Python ignores SIGPIPE and SIGXFSZ, and a shell that started the runner in
 # the background may have ignored SIGINT and SIGQUIT.
@@ -28,9 +29,11 @@ class Terminated(Exception):
 
 
 class SignalForwarder:
-    """Catches the forwarded signals from the start; before the task runs, they abort setup.
-    `stops` are the signals that end the run (the scheduler's warning joins them where it has
-    one: LSF's run limit); each calls on_stop."""
+    """Catches the forwarded signals from the start; before the task runs, they abort setup,
+    but a checkpoint signal (USR1, USR2 that is not a stop) is dropped: there is nothing to save
+    yet, and the task's default action would end it. `stops` are the signals that end the run
+    (the scheduler's warning joins them where it has one: LSF's run limit); each calls
+    on_stop."""
 
     def __init__(self, on_stop: Callable[[int], None] | None = None) -> None:
         self.pgid: int | None = None
@@ -44,7 +47,7 @@ class SignalForwarder:
         if signum != signal.SIGCONT:
             self.received.append(signum)
         if self.pgid is None:
-            if signum == signal.SIGCONT:
+            if signum == signal.SIGCONT or signum in _CHECKPOINT and signum not in self.stops:
                 return
             raise Terminated(signum)
         with contextlib.suppress(ProcessLookupError):

@@ -44,6 +44,10 @@ class ObservationIn(BaseModel):
     preempted: bool = False
     native_id: Native | None = None
     job_dir: Folder | None = None
+    phase: Literal["", "configuring", "suspended"] = ""
+    charged: bool = True
+    retry: bool = False
+    requeued: bool = False
 
 
 class PoolStateIn(BaseModel):

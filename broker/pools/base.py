@@ -32,6 +32,12 @@ class Observation:
     preempted: bool = False
     native_id: str | None = None
     job_dir: str | None = None
+    # A phase within a state (a running job's nodes still booting, or its execution suspended):
+    # shown in the reason; `charged` False keeps it out of the ledger (the pool's charge_phases).
+    phase: str = ""
+    charged: bool = True
+    retry: bool = False  # the job never ran (its node failed to boot): it goes again
+    requeued: bool = False  # the scheduler requeued a running job (its restart count grew)
 
 
 # Outcomes that only the runner knows: the task itself ended, or (`timeout`) the scheduler's

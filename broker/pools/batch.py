@@ -13,7 +13,7 @@ import re
 import time
 from abc import abstractmethod
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -21,6 +21,7 @@ from broker.containers import container_fields
 from broker.domain import Pool, Profile, Task, TaskState
 from broker.errors import KliqueError, SubmitError, SubmitUnknown, TransportError
 from broker.pools.base import (
+    PREEMPTED_MARKER,
     RUNNER_OUTCOMES,
     Context,
     Observation,
@@ -42,6 +43,7 @@ from broker.transport import Completed, Transport, make_transport
 log = logging.getLogger("klique.pools")
 
 _MAX_BACKOFF = 8
+_NEVER_RAN_TRIES = 3  # attempts for a task whose jobs never ran (nodes that fail to boot)
 _TAG = re.compile(r"klique-\d+")
 
 
@@ -56,6 +58,7 @@ class NativeStatus:
     exit_code: int | None = None
     script: str = ""  # the submitted script's path, where the status command shows it
     problem: str = ""  # the job's record could not be read: why (it waits for the next cycle)
+    restarts: int | None = None  # how often the scheduler requeued it, where it says
 
 
 def unreadable(native_id: str, problem: str) -> NativeStatus:
@@ -83,6 +86,14 @@ class BatchDriver(PoolDriver):
     # Native end states that only say the job script ended by itself (any exit, a signal):
     # without the runner's exit file they tell nothing of how the task ended.
     SELF_ENDED: ClassVar[frozenset[str]] = frozenset()
+    # Native states of a job that holds its allocation but does not run (nodes booting,
+    # execution suspended): the phase it is observed in, charged only where the pool says.
+    PHASES: ClassVar[Mapping[str, str]] = {}
+    # Native end states of a job that never ran (its node failed to boot): it goes again.
+    NEVER_RAN: ClassVar[frozenset[str]] = frozenset()
+    # Status reasons of a job the scheduler requeued and held after its launch failed: the
+    # pool's `requeued_held` releases it, or withdraws it (the task goes again from Klique).
+    HELD_AFTER_FAILED_LAUNCH: ClassVar[re.Pattern[str] | None] = None
     SUBMIT_STDIN: ClassVar[bool] = False  # the submit command reads the script on its stdin
     # Status errors that mean the scheduler shows each account only its own jobs: status then
     # runs one query per mapped account, as that account (the pool's `status_per_account`).
@@ -99,6 +110,11 @@ class BatchDriver(PoolDriver):
         self._next_poll = 0.0
         self._last: dict[str, NativeStatus] = {}
         self._missing_since: dict[int, float] = {}
+        self._phases: dict[int, str] = {}  # the phase last reported for each running task
+        self._restarts: dict[int, int] = {}  # each running task's job's restart count
+        self._freed: set[tuple[str, int | None]] = set()  # held jobs acted on: (id, restarts)
+        phases = pool.settings.get("charge_phases")
+        self._charged = frozenset(phases) if isinstance(phases, list) else frozenset()
         self._capacity = Capacity()
         self._capacity_error = ""
         self._submit_backoff = 0.0  # how long submissions wait after the controller was down
@@ -160,6 +176,10 @@ class BatchDriver(PoolDriver):
 
     def parse_history(self, stdout: str) -> list[NativeStatus]:
         return []
+
+    def release_argv(self, native_id: str) -> list[str] | None:
+        """Release a held job (None: the scheduler cannot)."""
+        return None
 
     def ending_note(self, job_dir: str) -> str | None:
         """A file in the job directory where the scheduler notes why it ended a job (its own
@@ -393,7 +413,12 @@ class BatchDriver(PoolDriver):
                 self._note_problem(status)
                 continue
             seen = self._from_status(task, status, docs.get(task.id))
-            if seen is not None and seen.state != task.state:
+            if seen is None:
+                continue
+            new_phase = self._new_phase(task, seen)
+            if self._held_after_failed_launch(status):
+                news[task.id] = await self._free_held(task, status, seen)
+            elif seen.state != task.state or new_phase:
                 news[task.id] = seen
         if gone:
             news.update(await self._settle(gone, docs))
@@ -482,8 +507,62 @@ class BatchDriver(PoolDriver):
             return None
         if not state.final:
             self._missing_since.pop(task.id, None)
-            return Observation(state, self._reason(status))
+            if self._requeued(task, status, state):
+                return Observation(state, self._requeue_reason(status), requeued=True)
+            phase = self.PHASES.get(status.state, "")
+            charged = not phase or phase in self._charged
+            return Observation(state, self._reason(status), phase=phase, charged=charged)
         return self._final(task, status, exit_doc)
+
+    def _requeued(self, task: Task, status: NativeStatus, state: TaskState) -> bool:
+        """A running task's job waits again: a real requeue only where the scheduler's restart
+        count grew since it was seen running (else the listing is older than the runner's
+        report). Without a count, nothing moves a running task back."""
+        if status.restarts is None:
+            return False
+        known = self._restarts.get(task.id, 0)
+        if state is TaskState.RUNNING:
+            self._restarts[task.id] = max(known, status.restarts)
+            return False
+        if task.state is not TaskState.RUNNING or status.restarts <= known:
+            return False
+        self._restarts[task.id] = status.restarts
+        return True
+
+    def _requeue_reason(self, status: NativeStatus) -> str:
+        why = status.reason if status.reason not in ("", "None") else "no reason given"
+        return f"requeued by {self.kind} (restart {status.restarts}): {why}"
+
+    def _held_after_failed_launch(self, status: NativeStatus) -> bool:
+        pattern = self.HELD_AFTER_FAILED_LAUNCH
+        fresh = (status.native_id, status.restarts) not in self._freed
+        return bool(pattern and pattern.search(status.reason)) and fresh
+
+    async def _free_held(self, task: Task, status: NativeStatus, seen: Observation) -> Observation:
+        """The scheduler held a job whose launch failed: released in place, or withdrawn so
+        that the task goes again (the pool's `requeued_held`); the reason says which."""
+        self._freed.add((status.native_id, status.restarts))
+        reason = seen.reason or self._requeue_reason(status)
+        argv = self.release_argv(status.native_id)
+        if self.pool.settings.get("requeued_held") == "withdraw" or argv is None:
+            await self.cancel(task)
+            return Observation(
+                TaskState.LOST,
+                f"{reason}; withdrawn by Klique (requeued_held: withdraw)",
+                retry=True,
+            )
+        done = await self.transport.run(argv, account=self.account(task), timeout=60)
+        if done.returncode != 0:
+            words = (done.stderr or done.stdout).strip() or f"exit {done.returncode}"
+            return replace(seen, reason=f"{reason}; Klique could not release it: {words}")
+        return replace(seen, reason=f"{reason}; released by Klique (requeued_held: release)")
+
+    def _new_phase(self, task: Task, seen: Observation) -> bool:
+        """A phase change is news even where the state stays (running, then suspended); a
+        task first seen in a phase since start is reported, so the ledger pauses."""
+        known = self._phases.get(task.id, "")
+        self._phases[task.id] = seen.phase
+        return known != seen.phase
 
     def _final(
         self, task: Task, status: NativeStatus, exit_doc: Mapping[str, Any] | None
@@ -500,8 +579,14 @@ class BatchDriver(PoolDriver):
                 "runner wrote no exit file",
             )
         self._missing_since.pop(task.id, None)
+        self._phases.pop(task.id, None)
+        self._restarts.pop(task.id, None)
         if exit_doc is not None and exit_doc.get("outcome") in RUNNER_OUTCOMES:
             return observation_from_exit(exit_doc)
+        if exit_doc is None and status.state in self.NEVER_RAN:
+            return self._never_ran(task, status)
+        if exit_doc is not None and state is TaskState.COMPLETED:
+            state = TaskState.FAILED  # the runner says the task was stopped: it did not complete
         code = exit_doc.get("exit_code") if exit_doc else status.exit_code
         reason = self._reason(status) or f"the scheduler reports {status.state}"
         if exit_doc is None and state is not TaskState.CANCELLED:
@@ -510,6 +595,15 @@ class BatchDriver(PoolDriver):
             exit_doc and exit_doc.get("outcome") == "preempted"
         )
         return Observation(state, reason, code, preempted=preempted)
+
+    def _never_ran(self, task: Task, status: NativeStatus) -> Observation:
+        """The job never ran: it goes again, like a job whose node failed, a few times."""
+        reason = self._reason(status) or f"the scheduler reports {status.state}"
+        if task.attempts >= _NEVER_RAN_TRIES:
+            return Observation(
+                TaskState.LOST, f"{reason}; its job never ran in {task.attempts} attempts"
+            )
+        return Observation(TaskState.LOST, f"{reason}; the job never ran", retry=True)
 
     def _lost_after_grace(self, task: Task, what: str) -> Observation | None:
         now = time.monotonic()
@@ -533,14 +627,21 @@ class BatchDriver(PoolDriver):
         """Jobs no longer in the queue: exit file, then accounting, then LOST after a grace."""
         news: dict[int, Observation] = {}
         unsettled: list[Task] = []
+        signalled: list[Task] = []
         for task in gone:
             doc = docs.get(task.id)
-            if doc is not None:
+            if doc is None:
+                unsettled.append(task)
+            elif self._confirms(task, doc):
+                signalled.append(task)
+            else:
                 self._missing_since.pop(task.id, None)
                 news[task.id] = await self._from_exit(task, doc)
-            else:
-                unsettled.append(task)
-        history = await self._history(unsettled)
+        history = await self._history([*unsettled, *signalled])
+        for task in signalled:
+            seen = self._confirm(task, docs[task.id] or {}, history.get(task.native_id or ""))
+            if seen is not None:
+                news[task.id] = seen
         now = time.monotonic()
         for task in unsettled:
             status = history.get(task.native_id or "")
@@ -559,6 +660,31 @@ class BatchDriver(PoolDriver):
                     f"record for {self.lost_after_s:g} s (killed hard, or its node failed)",
                 )
         return news
+
+    def _confirms(self, task: Task, doc: Mapping[str, Any]) -> bool:
+        """An exit file naming only a signal is checked against the scheduler's accounting,
+        where it keeps one and leaves no note of its own in the job's output."""
+        if not _signalled(doc) or self.ending_note(str(task.job_dir)) is not None:
+            return False
+        return self.history_argv([str(task.native_id)]) is not None
+
+    def _confirm(
+        self, task: Task, doc: Mapping[str, Any], record: NativeStatus | None
+    ) -> Observation | None:
+        """An exit file that names only a signal, for a job gone from the queue: the
+        scheduler's accounting says who sent it (walltime, a cancel, else a failure). Without a
+        record within the grace period, the exit file alone decides."""
+        state = self.STATES.get(record.state) if record else None
+        if record is not None and state is not None and state.final:
+            return self._final(task, record, doc)
+        now = time.monotonic()
+        if now - self._missing_since.setdefault(task.id, now) < self.lost_after_s:
+            return None
+        self._missing_since.pop(task.id, None)
+        seen = observation_from_exit(doc)
+        return replace(
+            seen, reason=f"{seen.reason}; the scheduler's accounting has no record of the job"
+        )
 
     async def _from_exit(self, task: Task, doc: Mapping[str, Any]) -> Observation:
         """A job that left the queue: the exit file decides; where it names only a signal, the
@@ -600,6 +726,11 @@ class BatchDriver(PoolDriver):
 
     async def close(self) -> None:
         await self.transport.close()
+
+
+def _signalled(doc: Mapping[str, Any]) -> bool:
+    """The runner saw only a signal: the scheduler's record says who sent it."""
+    return doc.get("outcome") not in (*RUNNER_OUTCOMES, PREEMPTED_MARKER)
 
 
 def _json_bytes(doc: Mapping[str, Any]) -> bytes:

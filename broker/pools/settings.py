@@ -90,4 +90,7 @@ class BatchSettings(PoolSettings):
     lost_after: Seconds = 120
     status_per_account: bool | None = None  # unset: one query, per account if others are hidden
     requeue_preempted: bool = False
+    # Phases of a running job that the ledger charges (default none: a job whose nodes are
+    # booting, or whose execution is suspended by gang scheduling, is not charged).
+    charge_phases: list[Literal["configuring", "suspended"]] = []
     submit_concurrency: int = Field(8, ge=1, le=64)  # submissions in flight at once

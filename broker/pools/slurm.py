@@ -21,10 +21,10 @@ from broker.pools.settings import BatchSettings
 # squeue(1), "JOB STATE CODES", and sacct(1), "JOB STATE CODES" (Slurm 22.05).
 SLURM_STATES: dict[str, TaskState] = {
     "PENDING": TaskState.PENDING,  # PD: awaiting resource allocation
-    "CONFIGURING": TaskState.RUNNING,  # CF: allocated, nodes booting
+    "CONFIGURING": TaskState.RUNNING,  # CF: allocated, waiting for it to be ready (booting)
     "RUNNING": TaskState.RUNNING,  # R
     "COMPLETING": TaskState.RUNNING,  # CG: finishing; the exit file is not final yet
-    "SUSPENDED": TaskState.RUNNING,  # S: allocation kept, execution suspended
+    "SUSPENDED": TaskState.RUNNING,  # S: allocation kept, execution suspended, CPUs released
     "STOPPED": TaskState.RUNNING,  # ST: SIGSTOP, allocation kept
     "RESIZING": TaskState.RUNNING,  # RS
     "SIGNALING": TaskState.RUNNING,  # SI: being signalled
@@ -41,9 +41,19 @@ SLURM_STATES: dict[str, TaskState] = {
     "TIMEOUT": TaskState.TIMEOUT,  # TO: reached its time limit
     "DEADLINE": TaskState.TIMEOUT,  # DL: reached its deadline
     "NODE_FAIL": TaskState.LOST,  # NF: a node it ran on failed
-    "BOOT_FAIL": TaskState.LOST,  # BF: a node failed to boot
+    "BOOT_FAIL": TaskState.LOST,  # BF: launch failure (node boot) and not requeued: it never ran
     "OUT_OF_MEMORY": TaskState.FAILED,  # OOM: over its memory limit
     "PREEMPTED": TaskState.FAILED,  # PR: preempted (requeued by Klique when the pool says so)
+}
+
+# Phases of a job that holds its allocation without running its script: squeue(1), "JOB STATE
+# CODES": CF "allocated resources, but are waiting for them to become ready for use (e.g.
+# booting)"; S "has an allocation, but execution has been suspended and CPUs have been released
+# for other jobs" (gang scheduling, or PreemptMode=SUSPEND in slurm.conf(5)). Not charged
+# unless the pool's `charge_phases` names them.
+SLURM_PHASES: dict[str, str] = {
+    "CONFIGURING": "configuring",
+    "SUSPENDED": "suspended",
 }
 
 SLURM_REASONS: dict[str, str] = {
@@ -57,13 +67,20 @@ SLURM_REASONS: dict[str, str] = {
     "PREEMPTED": "preempted (Slurm PREEMPTED)",
     "REVOKED": "revoked by the federation (Slurm REVOKED)",
     "PENDING": "pending in Slurm's queue",
+    "CONFIGURING": "its nodes are booting (Slurm CONFIGURING)",
+    "SUSPENDED": "suspended (Slurm SUSPENDED: gang scheduling or preemption)",
 }
 
 log = logging.getLogger("klique.pools")
 
 _SEP = "|"
-_SQUEUE_FORMAT = _SEP.join(["%i", "%j", "%T", "%r", "%o"])  # id, name, state, reason, script
+# squeue(1) --Format: a field with the suffix "|" and no size is printed whole, then "|". The
+# script comes last (a path may hold "|"); RestartCnt counts Slurm's requeues of the job.
+_SQUEUE_FIELDS = "JobID:|,Name:|,State:|,Reason:|,RestartCnt:|,Command:"
 _SACCT_FORMAT = "JobID,JobName,State,ExitCode"
+# sbatch(1) --export: the job's environment is these (the runner's own) and the SLURM_*
+# variables Slurm sets, never the rest of the submitting account's login environment.
+_EXPORTED = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "TZ", "TMPDIR")
 _GPU_DIRECTIVE = {
     "gres": "--gres=gpu:{}",
     "gpus-per-node": "--gpus-per-node={}",
@@ -82,6 +99,9 @@ class SlurmSettings(BatchSettings):
     # Who runs a job again after a node failure or a preemption (sbatch(1) --requeue,
     # --no-requeue; slurm.conf(5) JobRequeue): Slurm, Klique (requeue_preempted), or nobody.
     requeue: Literal["slurm", "klique", "none"] = "slurm"
+    # A job Slurm requeued and held after its launch failed ("launch failed requeued held"):
+    # released in place, or withdrawn (cancelled; the task goes again from Klique's queue).
+    requeued_held: Literal["release", "withdraw"] = "release"
     accounting: Literal["none", "slurmdbd", "jobcomp"] = "none"  # where sacct reads from
     # An account Slurm shows every user's jobs to (an operator or administrator in sacctmgr, or
     # SlurmUser): with PrivateData=jobs, status is then one query as it instead of one per account.
@@ -121,6 +141,13 @@ class SlurmDriver(BatchDriver):
     REASONS = SLURM_REASONS
     PREEMPTED = frozenset({"PREEMPTED"})
     SELF_ENDED = frozenset({"COMPLETED", "FAILED"})  # the batch script's own exit or signal
+    PHASES = SLURM_PHASES
+    # sacct(1): BOOT_FAIL ends a job whose launch failed and that Slurm could not requeue.
+    NEVER_RAN = frozenset({"BOOT_FAIL"})
+    # slurmctld (src/slurmctld/job_mgr.c) requeues a batch job whose launch failed and holds
+    # it: squeue's reason reads "launch failed requeued held". A hold of an operator's own
+    # (`scontrol requeuehold`, JobHeldAdmin, JobHeldUser) is left alone.
+    HELD_AFTER_FAILED_LAUNCH = re.compile(r"launch failed requeued held")
     # slurmctld did not answer (src/common/slurm_errno.c): the pool is down. For sbatch,
     # SUBMIT_UNKNOWN is matched first, so only a failed connection ("Unable to contact slurm
     # controller (connect failure)", ECONNREFUSED) proves that nothing was queued.
@@ -181,6 +208,10 @@ class SlurmDriver(BatchDriver):
             found.append(_GPU_DIRECTIVE[str(settings.get("gpu_flag") or "gres")].format(gpus))
         requeue = settings.get("requeue") or "slurm"
         found.append("--requeue" if requeue == "slurm" else "--no-requeue")
+        found.append(f"--export={','.join(_EXPORTED)}")
+        signal = self.context.estate.resources[task.resource].checkpoint_signal
+        if signal is not None:  # B: to the batch shell, which is the runner (it execs it)
+            found.append(f"--signal=B:{signal.signal}@{signal.before_s}")
         found += [
             f"--cpus-per-task={profile.cpus}",
             f"--mem={profile.memory_mb}M",
@@ -210,7 +241,7 @@ class SlurmDriver(BatchDriver):
             "--all",  # also jobs in hidden partitions and those the account may not use
             "--states=all",
             f"--users={','.join(accounts)}",
-            f"--format={_SQUEUE_FORMAT}",
+            f"--Format={_SQUEUE_FIELDS}",
         ]
 
     def parse_status(self, stdout: str) -> list[NativeStatus]:
@@ -218,6 +249,9 @@ class SlurmDriver(BatchDriver):
 
     def cancel_argv(self, native_id: str) -> list[str]:
         return ["scancel", native_id]
+
+    def release_argv(self, native_id: str) -> list[str] | None:
+        return ["scontrol", "release", native_id]
 
     def capacity_argv(self) -> list[str] | None:
         argv = ["sinfo", "--noheader", "--Format=CPUsState:|,Gres:|,GresUsed:|"]
@@ -292,16 +326,20 @@ def parse_private_data(stdout: str) -> frozenset[str] | None:
 
 
 def parse_squeue(stdout: str) -> list[NativeStatus]:
-    """`squeue --format=%i|%j|%T|%r|%o` lines (the script last, as a path may hold '|'; older
-    captures end at %r); job names are Klique's tags, so never contain '|'."""
+    """`squeue --Format=JobID:|,Name:|,State:|,Reason:|,RestartCnt:|,Command:` lines (the
+    script last, as a path may hold '|'; older captures have no restart count, or end at the
+    reason); job names are Klique's tags, so never contain '|'."""
     found = []
     for line in stdout.splitlines():
-        parts = line.strip().split(_SEP, 4)
+        parts = line.strip().split(_SEP, 5)
         if len(parts) < 4:
             continue
         job_id, name, state, reason = parts[:4]
-        script = parts[4] if len(parts) == 5 else ""
-        found.append(NativeStatus(job_id, name, state, reason, script=script))
+        rest = parts[4:]
+        restarts = int(rest.pop(0)) if len(rest) == 2 and rest[0].isdigit() else None
+        script = _SEP.join(rest)
+        script = "" if script == "(null)" else script
+        found.append(NativeStatus(job_id, name, state, reason, script=script, restarts=restarts))
     return found
 
 

@@ -49,6 +49,11 @@ class ControlPlane(Protocol):
         """The pool's latest capacity and reachability, for placement."""
 
 
+def _may_move(old: TaskState, seen: Observation) -> bool:
+    back = old is TaskState.RUNNING and seen.state is TaskState.PENDING and not seen.requeued
+    return can_transition(old, seen.state) and not back
+
+
 class StoreLink:
     """The control plane's own side: every call one short transaction, off the event loop."""
 
@@ -87,19 +92,21 @@ class StoreLink:
     async def observed(self, task: Task, seen: Observation) -> None:
         if task.state is TaskState.PLACED:
             await self._adopt(task, seen)
-        elif seen.state.final and self._requeues(task, seen):
+        elif seen.state.final and (seen.retry or self._requeues(task, seen)):
             await self.requeue(task, f"{seen.reason}; requeued", skip=False, only_from=HOLDING)
         else:
             extra = {"exit_code": seen.exit_code} if seen.exit_code is not None else {}
             # The listing may be older than a runner's own report (pending after running):
-            # only a move the state machine allows from where the task is now is made.
-            moves = [s for s in ACTIVE if can_transition(s, seen.state)]
+            # only a move the state machine allows from where the task is now is made, and a
+            # running task goes back to pending only when the scheduler requeued its job.
+            moves = [s for s in ACTIVE if _may_move(s, seen)]
             await asyncio.to_thread(
                 self.store.change_state,
                 task.id,
                 seen.state,
                 seen.reason,
                 only_from=moves,
+                charged=seen.charged,
                 **extra,
             )
 

@@ -165,7 +165,7 @@ class Store(RecordMethods):
         with self._tx() as session:
             session.add(row)
             session.flush()
-            self._meter(session, row, TaskState.CREATED, state, now)
+            self._meter(session, row, TaskState.CREATED, state, now, charged=True)
             session.add(
                 TaskEventRow(
                     task_id=row.id,
@@ -221,12 +221,14 @@ class Store(RecordMethods):
         reason: str | None = None,
         *,
         only_from: Sequence[TaskState] | None = None,
+        charged: bool = True,
         **fields: Any,
     ) -> Task | None:
         """Move a task to `new` (checked by the state machine) and set `fields`, atomically.
 
         With `only_from`, nothing changes (and None is returned) unless the task is in one of
         those states: callers that race with others (a cancel and a finishing job) use it.
+        `charged` False: a running task's ledger run is paused (nodes booting, suspended).
         """
         now = time.time()
         with self._tx() as session:
@@ -262,7 +264,7 @@ class Store(RecordMethods):
                         reason=row.reason,
                     )
                 )
-                self._meter(session, row, old, new, now)
+            self._meter(session, row, old, new, now, charged)
             row.updated_at = now
             session.flush()
             return _task(row)
@@ -300,8 +302,16 @@ class Store(RecordMethods):
     # Metering
 
     @staticmethod
-    def _meter(session: Session, row: TaskRow, old: TaskState, new: TaskState, now: float) -> None:
-        if new is TaskState.RUNNING:
+    def _meter(
+        session: Session, row: TaskRow, old: TaskState, new: TaskState, now: float, charged: bool
+    ) -> None:
+        """One open ledger run while a task runs and is charged; a pause closes it, a resume
+        opens the next (a running task's phase may change without its state changing)."""
+        query = select(LedgerRow).where(LedgerRow.task_id == row.id, LedgerRow.end.is_(None))
+        open_runs = list(session.scalars(query)) if old is TaskState.RUNNING else []
+        if new is TaskState.RUNNING and charged:
+            if open_runs:
+                return
             session.add(
                 LedgerRow(
                     task_id=row.id,
@@ -314,11 +324,10 @@ class Store(RecordMethods):
                     start=now,
                 )
             )
-        elif old is TaskState.RUNNING:
-            query = select(LedgerRow).where(LedgerRow.task_id == row.id, LedgerRow.end.is_(None))
-            for run in session.scalars(query):
-                run.end = now
-                run.gpu_seconds = run.gpus * (now - run.start)
+            return
+        for run in open_runs:
+            run.end = now
+            run.gpu_seconds = run.gpus * (now - run.start)
 
     def ledger(self, since: float | None = None) -> list[LedgerRow]:
         query = select(LedgerRow).order_by(LedgerRow.start)

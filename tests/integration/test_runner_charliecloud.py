@@ -54,8 +54,9 @@ def test_a_charliecloud_task_sees_only_its_granted_gpus(tmp_path, image):
 
 def test_a_charliecloud_task_under_slurm_sees_the_slurm_grant(tmp_path, image):
     job = make_job(tmp_path, command=SHOW, image=image, scheduler="slurm", gpus=None)
-    run_runner(job, SLURM_JOB_GPUS="2", SLURM_STEP_GPUS="2")
-    assert _cuda_line(console(job)) == "cuda=[2] nvidia=[2]"
+    # In a device cgroup: CUDA numbers the one granted GPU 0; the host calls it 2.
+    run_runner(job, CUDA_VISIBLE_DEVICES="0", SLURM_JOB_GPUS="2", SLURM_STEP_GPUS="2")
+    assert _cuda_line(console(job)) == "cuda=[0] nvidia=[2]"
 
 
 def test_a_charliecloud_task_writes_into_the_job_directory(tmp_path, image):

@@ -228,15 +228,22 @@ def test_no_gpus_granted_hides_every_gpu(tmp_path):
     assert console(job) == "[]\n"
 
 
-def test_slurm_gpus_come_from_the_schedulers_variables(tmp_path):
+@pytest.mark.parametrize(
+    ("cuda", "shown"),
+    [
+        ("0,1", "[0,1]\n"),  # a device cgroup: the gres plugin numbers the two granted GPUs 0,1
+        ("NoDevFiles", "[NoDevFiles]\n"),  # no CUDA numbers: the global ids never stand in
+    ],
+)
+def test_slurm_gpus_are_numbered_by_cuda_visible_devices_never_by_global_ids(tmp_path, cuda, shown):
     job = make_job(
         tmp_path,
         command=["sh", "-c", 'echo "[$CUDA_VISIBLE_DEVICES]"'],
         scheduler="slurm",
         gpus=None,
     )
-    run_runner(job, SLURM_JOB_GPUS="1,3")
-    assert console(job) == "[1,3]\n"
+    run_runner(job, CUDA_VISIBLE_DEVICES=cuda, SLURM_JOB_GPUS="1,3")
+    assert console(job) == shown
 
 
 def test_a_workdir_task_runs_in_that_folder(tmp_path):

@@ -22,7 +22,7 @@ from batch_helpers import (
     search_path,
     shared_folder,
 )
-from conftest import ROOT, Server, start_server, stop_server, submitted_id
+from conftest import ROOT, Server, start_server, stop_server, submitted_id, wait_for
 
 pytestmark = pytest.mark.slurm
 
@@ -141,6 +141,35 @@ def test_every_users_job_is_seen_where_private_data_hides_them(private_jobs_pool
 
 def site_conf(site: SitePool) -> Path:
     return Path(site.env["SLURM_CONF"])
+
+
+def test_slurms_own_requeue_moves_a_running_task_back_to_pending(private_jobs_pool):
+    """JobRequeue=1 and `scontrol requeue` (scontrol(1)): the running job goes back to Slurm's
+    queue and runs again in its folder; its restart count grows, so Klique shows the task
+    pending with Slurm's reason, then running, then completed: one job, one task."""
+    site = private_jobs_pool
+    go = site.folder / "go-requeue"
+    task_id = site.submit("alice", JOB_PYTHON, "-c", WAIT_FOR_FILE, str(go))
+    alice = site.tokens["alice"]
+    task = site.server.wait_state(task_id, {"running"}, timeout=90, token=alice)
+    env = {"PATH": "/usr/bin:/bin", **site.env}
+    subprocess.run(["scontrol", "requeue", str(task["native_id"])], check=True, env=env)
+
+    def running_again() -> bool:
+        moves = [(e["from"], e["to"]) for e in site.server.task(task_id, alice)["events"]]
+        back = [i for i, move in enumerate(moves) if move == ("running", "pending")]
+        return bool(back) and moves[-1][1] == "running" and len(moves) > back[-1] + 1
+
+    wait_for(running_again, 240, "the run after the requeue")
+    go.touch()
+    ended = site.server.wait_state(task_id, timeout=90, token=alice)
+    assert ended["state"] == "completed", ended
+    events = ended["events"]
+    back = [e for e in events if e["from"] == "running" and e["to"] == "pending"]
+    assert len(back) == 1 and back[0]["reason"].startswith("requeued by slurm (restart 1): ")
+    assert [e["to"] for e in events][-3:] == ["pending", "running", "completed"]
+    records = slurm_jobs(site_conf(site), f"{site.job_root}/")
+    assert records[f"klique-{task_id}"] == [(str(task["native_id"]), "COMPLETED")]
 
 
 def test_estate_check_says_which_status_mode_the_pool_uses(private_jobs_pool):

@@ -155,6 +155,7 @@ def test_pyxis_srun_for_the_batch_template():
         "--container-mounts=/jobs/7:/jobs/7",
         "--container-workdir=/jobs/7",
         "--no-container-entrypoint",
+        "--export=ALL",
     ]
     with pytest.raises(ImageError):
         container.pyxis_srun_argv("img", "/jobs/a,b")

@@ -10,18 +10,33 @@ def test_the_host_pools_assignment_wins_over_the_environment():
     assert granted("slurm", [], {"SLURM_JOB_GPUS": "1"}) == []
 
 
-def test_slurm_prefers_cuda_visible_devices_then_step_then_job_gpus():
+def test_slurm_numbers_cudas_gpus_by_cuda_visible_devices_alone():
+    # SLURM_STEP_GPUS and SLURM_JOB_GPUS are the node's global ids (sbatch(1)): inside a device
+    # cgroup CUDA numbers the granted GPUs from 0, so they never become CUDA's numbers.
     env = {"CUDA_VISIBLE_DEVICES": "0", "SLURM_STEP_GPUS": "5", "SLURM_JOB_GPUS": "5,6"}
     assert granted("slurm", None, env) == ["0"]
     del env["CUDA_VISIBLE_DEVICES"]
-    assert granted("slurm", None, env) == ["5"]
+    assert granted("slurm", None, env) is None  # left alone: the cgroup shows the grant
+    found = grant("slurm", None, env)
+    assert (found.host, found.cuda) == (["5"], None)  # a step's own GPUs first
+    assert task_env(found, None) == {}
     del env["SLURM_STEP_GPUS"]
-    assert granted("slurm", None, env) == ["5", "6"]
+    assert grant("slurm", None, env).host == ["5", "6"]
 
 
 def test_slurms_nodevfiles_is_not_a_device_list():
     env = {"CUDA_VISIBLE_DEVICES": "NoDevFiles", "SLURM_JOB_GPUS": "3"}
-    assert granted("slurm", None, env) == ["3"]
+    assert granted("slurm", None, env) is None
+    assert grant("slurm", None, env).host == ["3"]
+
+
+def test_a_container_runtime_gets_slurms_global_ids_but_no_cuda_numbers_from_them():
+    found = grant("slurm", None, {"SLURM_JOB_GPUS": "2,3"})
+    assert task_env(found, "apptainer") == {
+        "NVIDIA_VISIBLE_DEVICES": "2,3",
+        "NVIDIA_DRIVER_CAPABILITIES": "compute,utility",
+    }
+    assert task_env(found, "enroot")["CUDA_VISIBLE_DEVICES"] == "0,1"  # /dev holds only those
 
 
 def test_pbs_and_lsf_read_cuda_visible_devices():

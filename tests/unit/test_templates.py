@@ -137,7 +137,7 @@ def test_a_pyxis_pool_starts_the_runner_inside_the_image():
     assert (
         f"KLIQUE_CONTAINER=pyxis exec srun --ntasks=1 '--container-image=nvcr.io#nvidia/pytorch:"
         f"24.01-py3' --container-mounts={job}:{job} --container-workdir={job} "
-        f"--no-container-entrypoint python3 {job}/klique-runner.pyz {job}"
+        f"--no-container-entrypoint --export=ALL python3 {job}/klique-runner.pyz {job}"
     ) in script
     assert 'export NVIDIA_VISIBLE_DEVICES="${SLURM_JOB_GPUS:-void}"' in script
     assert f"exec python3 {job}/klique-runner.pyz" not in script  # never on the host as well

@@ -1,0 +1,113 @@
+"""The job's environment on the shared Slurm cluster: a submitting environment's SBATCH_*
+variables do not change the job (sbatch(1): they would override the script's #SBATCH lines),
+and a compute resource's checkpoint signal reaches the task before its walltime."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from batch_helpers import JOB_PYTHON, open_folder, shared_folder
+from conftest import TASK_PY, submitted_id
+
+from broker.fileops import SCRIPTS, tar_of
+
+pytestmark = pytest.mark.slurm
+
+# What a login shell or a sudo rule could hand the submit command: another partition and
+# another time limit than the script's.
+LOGIN_ENV = {"SBATCH_PARTITION": "gpu", "SBATCH_TIMELIMIT": "7"}
+SCRIPT = """#!/bin/bash
+#SBATCH --job-name=klique-env-check
+#SBATCH --partition=debug
+#SBATCH --time=00:05:00
+#SBATCH --hold
+#SBATCH --output=/dev/null
+true
+"""
+
+
+@pytest.fixture
+def folder(slurm_cluster) -> Path:
+    return open_folder(shared_folder("klique-submit-env-") / "jobs")
+
+
+@pytest.fixture
+def held_jobs() -> Iterator[list[str]]:
+    ids: list[str] = []
+    yield ids
+    for job_id in ids:  # held: they never ran; leave nothing behind on the shared cluster
+        subprocess.run(["scancel", job_id], check=False)
+
+
+def as_alice(argv: list[str], stdin: bytes | None = None) -> str:
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "SLURM_CONF": os.environ.get("SLURM_CONF", "/tmp/klique-slurm/etc/slurm.conf"),
+        **LOGIN_ENV,
+    }
+    command = ["runuser", "-u", "alice", "--", "env", "-i", *(f"{k}={v}" for k, v in env.items())]
+    done = subprocess.run([*command, *argv], input=stdin, capture_output=True, check=True)
+    return done.stdout.decode().strip().splitlines()[-1]
+
+
+def job_fields(job_id: str) -> dict[str, str]:
+    shown = subprocess.run(
+        ["scontrol", "show", "job", job_id], capture_output=True, text=True, check=True
+    ).stdout
+    return dict(re.findall(r"(\w+)=(\S*)", shown))
+
+
+def test_sbatch_variables_of_the_submitting_environment_do_not_change_the_job(folder, held_jobs):
+    plain = folder / "plain.sh"
+    plain.write_text(SCRIPT)
+    plain.chmod(0o755)
+    # Without clearing, the environment wins over the script (the hazard is real here).
+    held_jobs.append(as_alice(["sbatch", "--parsable", str(plain)]))
+    hazard = job_fields(held_jobs[-1])
+    assert (hazard["Partition"], hazard["TimeLimit"]) == ("gpu", "00:07:00")
+    # Klique's submission: the job folder's unpack, then sbatch, as the transport runs them.
+    job_dir = folder / "klique-env"
+    unpack = ["sh", "-c", SCRIPTS["unpack"], "sh", str(job_dir)]
+    stdin = tar_of({"job.sh": (SCRIPT.encode(), 0o700)})
+    held_jobs.append(as_alice([*unpack, "sbatch", "--parsable", f"{job_dir}/job.sh"], stdin))
+    job = job_fields(held_jobs[-1])
+    assert (job["Partition"], job["TimeLimit"]) == ("debug", "00:05:00")
+    assert job["UserId"].startswith("alice(")
+
+
+ESTATE = """
+resources:
+  ckpt:
+    profile: {{cpus: 1, memory: 100M, walltime: 1m, pools: [slurm]}}
+    checkpoint_signal: {{signal: USR1, before: 50s}}
+pools:
+  slurm: {{kind: slurm, partition: debug, job_root: "{job_root}", python: "{python}",
+          poll_interval: 1s, user_map: {{alice: alice}}}}
+"""
+
+# Saves its state on USR1 and ends; without the signal it runs into its walltime (TIMEOUT).
+CHECKPOINTING = (
+    "import signal, sys, time\n"
+    "def save(signum, frame):\n"
+    "    print('checkpoint on', signal.Signals(signum).name, flush=True)\n"
+    "    sys.exit(0)\n"
+    "signal.signal(signal.SIGUSR1, save)\n"
+    "print('started', flush=True)\n"
+    "time.sleep(600)\n"
+)
+
+
+def test_a_task_receives_its_checkpoint_signal_before_its_walltime(server_factory, folder):
+    server = server_factory(ESTATE.format(job_root=folder, python=JOB_PYTHON))
+    alice = server.make_token("alice")
+    args = ("submit", "--no-code", "--json", "-r", "ckpt", "--", TASK_PY, "-c", CHECKPOINTING)
+    task_id = submitted_id(server.cli(*args, token=alice))
+    task = server.wait_state(task_id, token=alice, timeout=240)
+    logs = server.cli("logs", str(task_id), token=alice).output
+    assert task["state"] == "completed", (task, logs)
+    assert "checkpoint on SIGUSR1" in logs
