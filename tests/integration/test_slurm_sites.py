@@ -155,11 +155,18 @@ def test_slurms_own_requeue_moves_a_running_task_back_to_pending(private_jobs_po
     env = {"PATH": "/usr/bin:/bin", **site.env}
     subprocess.run(["scontrol", "requeue", str(task["native_id"])], check=True, env=env)
 
-    def running_again() -> bool:
-        moves = [(e["from"], e["to"]) for e in site.server.task(task_id, alice)["events"]]
-        back = [i for i, move in enumerate(moves) if move == ("running", "pending")]
-        return bool(back) and moves[-1][1] == "running" and len(moves) > back[-1] + 1
+    def moves() -> list[tuple[str, str]]:
+        return [(e["from"], e["to"]) for e in site.server.task(task_id, alice)["events"]]
 
+    def running_again() -> bool:
+        back = [i for i, move in enumerate(moves()) if move == ("running", "pending")]
+        return bool(back) and moves()[-1][1] == "running" and len(moves()) > back[-1] + 1
+
+    wait_for(lambda: ("running", "pending") in moves(), 120, "the task back to pending")
+    # Slurm holds a requeued job back (BeginTime, two minutes here) and starts it at its next
+    # scheduling pass; once Klique has shown the move, an operator's start-now ends that wait.
+    release = ["scontrol", "update", f"jobid={task['native_id']}", "StartTime=now"]
+    subprocess.run(release, check=True, env=env)
     wait_for(running_again, 240, "the run after the requeue")
     go.touch()
     ended = site.server.wait_state(task_id, timeout=90, token=alice)
