@@ -19,6 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "chaos"), str(ROOT)]
 
+from agent_scenarios import agent_crashes, control_plane_crashes, network_cut  # noqa: E402
 from chaos_scenarios import (  # noqa: E402
     Outcome,
     controller_outage,
@@ -50,6 +51,9 @@ SCENARIOS: list[tuple[str, Callable[[Path], Outcome]]] = [
     ("foreign-tag", foreign_tag),
     ("controller-outage", controller_outage),
     ("ssh-drops", ssh_drops),
+    ("remote-agent-kills", agent_crashes),
+    ("control-plane-kills-under-agent", control_plane_crashes),
+    ("agent-network-cut-60s", network_cut),
     ("hard-kill", hard_kills),
     ("min-job-age-2", short_min_job_age),
     ("store-crash-sqlite", lambda w: store_crash(f"sqlite:///{w / 'klique.db'}", "sqlite")),
