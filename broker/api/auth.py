@@ -126,8 +126,8 @@ class Actor(Caller):
 
 
 def actor(request: Request, authorization: Annotated[str | None, Header()] = None) -> Actor:
-    """A user's credential (as `caller` checks it, scopes included), else a live task's report
-    token: that task (never another)."""
+    """A live task's report token: that task (never another); else a user's credential as
+    `caller` checks it, scopes included."""
     token = bearer(authorization)
     task = None
     if token and token.count(".") != 2:  # a report token is never a JWT
