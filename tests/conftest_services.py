@@ -98,15 +98,17 @@ def slurm_cluster(test_users: tuple[str, str]) -> SlurmCluster:
 
 
 # A second, private cluster beside the shared one, with a site's ordinary settings that the shared
-# cluster must not be given: PrivateData=jobs (squeue shows each user only their own jobs) and
-# JobRequeue=1 (a batch job goes back to the queue after a node failure). Its own folder and
-# ports; munge is shared; /etc/slurm keeps pointing at the shared cluster.
+# cluster must not be given: PrivateData=jobs (squeue shows each user only their own jobs),
+# JobRequeue=1 (a batch job goes back to the queue after a node failure) and a hidden partition
+# (squeue lists its jobs only with --all). Its own folder and ports; munge is shared;
+# /etc/slurm keeps pointing at the shared cluster.
 SITE_SLURM = {
     "KLIQUE_SLURM_DIR": "/tmp/klique-slurm-sites",
     "KLIQUE_SLURM_CTLD_PORT": "6917",
     "KLIQUE_SLURM_SLURMD_PORT": "6918",
     "KLIQUE_SLURM_CLUSTER": "sites",
-    "KLIQUE_SLURM_CONF_EXTRA": "PrivateData=jobs\nJobRequeue=1",
+    "KLIQUE_SLURM_CONF_EXTRA": "PrivateData=jobs\nJobRequeue=1\n"
+    "PartitionName=hidden Nodes=localhost MaxTime=INFINITE State=UP Hidden=YES",
 }
 
 
@@ -116,6 +118,33 @@ def site_slurm_cluster(test_users: tuple[str, str]) -> Iterator[SlurmCluster]:
     stopped at the end of the session, its state kept."""
     env = dict(SITE_SLURM)
     run_script("slurm-up", env=env)
+    folder = Path(env["KLIQUE_SLURM_DIR"])
+    yield SlurmCluster(
+        folder, folder / "etc/slurm.conf", folder / "work", folder / "log/jobcomp.txt"
+    )
+    run_script("slurm-down", env=env)
+
+
+# A third private cluster whose accounting is slurmdbd with MariaDB (both Debian's), as most
+# sites run it, and whose controller forgets a finished job after 2 s (MinJobAge), so that
+# what Klique learns of an ended job comes from slurmdbd.
+ACCOUNTING_SLURM = {
+    "KLIQUE_SLURM_DIR": "/tmp/klique-slurm-accounting",
+    "KLIQUE_SLURM_CTLD_PORT": "7117",
+    "KLIQUE_SLURM_SLURMD_PORT": "7118",
+    "KLIQUE_SLURM_DBD_PORT": "7119",
+    "KLIQUE_SLURM_DB_PORT": "33079",
+    "KLIQUE_SLURM_CLUSTER": "accounting",
+    "KLIQUE_SLURM_MIN_JOB_AGE": "2",
+}
+
+
+@pytest.fixture(scope="session")
+def accounting_slurm_cluster(test_users: tuple[str, str]) -> Iterator[SlurmCluster]:
+    """A private cluster with slurmdbd accounting and MinJobAge=2 (use its `conf` as
+    SLURM_CONF); stopped at the end of the session, its state kept."""
+    env = dict(ACCOUNTING_SLURM)
+    run_script("slurm-up", "--accounting", env=env)
     folder = Path(env["KLIQUE_SLURM_DIR"])
     yield SlurmCluster(
         folder, folder / "etc/slurm.conf", folder / "work", folder / "log/jobcomp.txt"

@@ -351,16 +351,19 @@ def parse_sacct(stdout: str) -> list[NativeStatus]:
         if len(parts) < 4 or "." in parts[0]:
             continue
         job_id, name, state, exit_code = parts[:4]
-        code, _, _signal = exit_code.partition(":")
-        found.append(
-            NativeStatus(
-                job_id,
-                name,
-                state.split()[0] if state else "",
-                exit_code=int(code) if code.isdigit() else None,
-            )
-        )
+        state = state.split()[0] if state else ""
+        found.append(NativeStatus(job_id, name, state, exit_code=_exit(exit_code)))
     return found
+
+
+def _exit(exit_code: str) -> int | None:
+    """sacct's `ExitCode` is `code:signal`; a job ended by a signal reads 128 + signal, as a
+    shell says, under both accountings (the job-completion file and slurmdbd agree on the
+    signal; slurmdbd records a code of 128 or more less 128: docs/slurm-sites.md)."""
+    code, _, signal = exit_code.partition(":")
+    if signal.isdigit() and int(signal):
+        return 128 + int(signal)
+    return int(code) if code.isdigit() else None
 
 
 def parse_sinfo(stdout: str) -> Capacity:

@@ -63,6 +63,9 @@ resources:
   held:
     profile: {cpus: 1, memory: 100M, walltime: 10m, pools: [batch]}
     extra_directives: [--hold]
+  hidden:
+    profile: {cpus: 1, memory: 100M, walltime: 10m, pools: [batch]}
+    extra_directives: [--partition=hidden]
 pools:
 """
 
@@ -177,6 +180,35 @@ def test_slurms_own_requeue_moves_a_running_task_back_to_pending(private_jobs_po
     assert [e["to"] for e in events][-3:] == ["pending", "running", "completed"]
     records = slurm_jobs(site_conf(site), f"{site.job_root}/")
     assert records[f"klique-{task_id}"] == [(str(task["native_id"]), "COMPLETED")]
+
+
+def squeue_as(user: str, site: SitePool, *args: str) -> list[str]:
+    """The job ids `user`'s own squeue lists with `args`."""
+    done = subprocess.run(
+        ["runuser", "-u", user, "--", "squeue", "--noheader", "--format=%i", *args],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"PATH": "/usr/bin:/bin", **site.env},
+    )
+    return done.stdout.split()
+
+
+def test_a_task_in_a_hidden_partition_is_seen_to_its_end(private_jobs_pool):
+    """squeue(1) --all: without it, jobs in partitions configured Hidden=YES are not listed
+    (and squeue still exits 0); Klique's status asks with --all."""
+    site = private_jobs_pool
+    go = site.folder / "go-hidden"
+    alice = site.tokens["alice"]
+    task_id = site.submit("alice", JOB_PYTHON, "-c", WAIT_FOR_FILE, str(go), resource="hidden")
+    task = site.server.wait_state(task_id, {"running"}, timeout=90, token=alice)
+    job = str(task["native_id"])
+    assert job not in squeue_as("alice", site) and job in squeue_as("alice", site, "--all")
+    go.touch()
+    ended = site.server.wait_state(task_id, timeout=90, token=alice)
+    assert ended["state"] == "completed", ended
+    records = slurm_jobs(site_conf(site), f"{site.job_root}/")
+    assert records[f"klique-{task_id}"] == [(job, "COMPLETED")]
 
 
 def test_estate_check_says_which_status_mode_the_pool_uses(private_jobs_pool):

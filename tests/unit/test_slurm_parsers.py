@@ -64,3 +64,23 @@ def test_every_state_in_the_table_is_a_klique_state_and_endings_are_distinct():
     assert SLURM_STATES["NODE_FAIL"] is TaskState.LOST
     assert SLURM_STATES["PENDING"] is TaskState.PENDING
     assert SLURM_STATES["COMPLETING"] is TaskState.RUNNING
+
+
+def test_the_two_accountings_read_the_same_jobs_the_same_way():
+    """The same six jobs (exit 0, exit 3, exit 130, SIGKILL, SIGTERM, cancelled) as the
+    job-completion file and slurmdbd recorded them: a signal reads 128 + signal under both;
+    slurmdbd alone records exit 130 as 2."""
+
+    def read(name: str) -> list[tuple[str, int | None]]:
+        return [(j.state, j.exit_code) for j in parse_sacct((DATA / name).read_text())]
+
+    jobcomp, slurmdbd = read("sacct-completion-exits.txt"), read("sacct-slurmdbd-exits.txt")
+    assert jobcomp == [
+        ("COMPLETED", 0),
+        ("FAILED", 3),
+        ("FAILED", 130),
+        ("FAILED", 137),
+        ("FAILED", 143),
+        ("CANCELLED", 0),
+    ]
+    assert slurmdbd == [*jobcomp[:2], ("FAILED", 2), *jobcomp[3:]]
