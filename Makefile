@@ -2,8 +2,9 @@
 VENV := .venv
 BIN := $(VENV)/bin
 export PATH := $(CURDIR)/$(BIN):$(PATH)
-# Test files run in parallel; those that drive the Slurm cluster share one worker.
-TEST_WORKERS ?= 4
+# Test files run in parallel; tests on the shared Slurm cluster share one worker, and the chaos
+# scenarios run beside them on a cluster of their own (scripts/run-tests).
+export TEST_WORKERS ?= 4
 
 .PHONY: demo test install services lint bench clean
 
@@ -23,7 +24,7 @@ services:
 	scripts/services-up
 
 test: install services
-	KLIQUE_REQUIRE_SERVICES=1 $(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadgroup
+	KLIQUE_REQUIRE_SERVICES=1 scripts/run-tests
 	$(MAKE) lint
 
 lint: install

@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from conftest_services import (  # noqa: E402, F401
     SERVICE_MARKERS,
+    accounting_slurm_cluster,
     ldap_url,
     oidc_url,
     postgres_url,
@@ -42,12 +43,12 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Each file's tests stay together on one worker of a parallel run (`-n N --dist
-    loadgroup`), and every file that drives the one Slurm cluster shares a single worker, so
-    the cluster sees one test at a time, as in a serial run. Tests of an opt-in marker are
-    skipped, saying why in one line, unless turned on."""
-    on_slurm = {item.path for item in items if _drives_slurm(item)}
+    loadgroup`), except that every test on the shared Slurm cluster joins one group, so that
+    cluster sees one test at a time, as in a serial run (tests on a private cluster of their
+    own do not). Tests of an opt-in marker are skipped, saying why in one line, unless turned
+    on."""
     for item in items:
-        group = "slurm-cluster" if item.path in on_slurm else item.nodeid.split("::", 1)[0]
+        group = "slurm-cluster" if _on_shared_slurm(item) else item.nodeid.split("::", 1)[0]
         item.add_marker(pytest.mark.xdist_group(group))
     if services_on():
         return
@@ -57,9 +58,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.skip(reason=skip_reason(" and ".join(needs))))
 
 
-def _drives_slurm(item: pytest.Item) -> bool:
+def _on_shared_slurm(item: pytest.Item) -> bool:
+    """The test uses the shared cluster: through the `slurm_cluster` fixture, or marked slurm
+    (or chaos) without a private cluster's fixture (it asks for the cluster as it runs)."""
+    fixtures = getattr(item, "fixturenames", ())
+    if "slurm_cluster" in fixtures:
+        return True
     marked = any(item.get_closest_marker(name) for name in ("slurm", "chaos"))
-    return marked or "slurm_cluster" in getattr(item, "fixturenames", ())
+    return marked and not any(name.endswith("_slurm_cluster") for name in fixtures)
 
 
 FINAL = {"completed", "failed", "cancelled", "timeout", "lost"}

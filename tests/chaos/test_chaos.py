@@ -38,8 +38,10 @@ def check(outcome: Outcome) -> None:
 
 @pytest.fixture
 def cluster(slurm_cluster: Any) -> Iterator[Any]:
-    """The shared cluster, left as it was found: slurmctld running, MinJobAge at its default
-    (the scenarios restore both themselves; this catches a scenario that could not)."""
+    """The cluster, left as it was found: slurmctld running, MinJobAge at its default (the
+    scenarios restore both themselves; this catches a scenario that could not). `make test`
+    gives these scenarios a cluster of their own (scripts/run-tests); bench/chaos.py and a
+    plain pytest use the shared one."""
     yield slurm_cluster
     if not controller_up():
         slurm_script("slurm-ctl", "start", "slurmctld")
