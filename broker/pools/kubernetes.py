@@ -325,14 +325,14 @@ class KubernetesDriver(PoolDriver):
 
     async def _clean_up(self, followed: set[str]) -> None:
         """Delete the pods of tasks whose end is recorded (no longer followed), their log
-        saved first; a pod still running for a task Klique no longer follows is left alone."""
+        saved first; a pod that still runs for a task Klique no longer follows is left alone."""
         for name, pod in list(self.pods.items()):
             if _task_label(pod) is None or name in followed:
                 continue
-            phase = (pod.get("status") or {}).get("phase")
-            if phase not in ("Succeeded", "Failed") or (pod.get("metadata") or {}).get(
-                "deletionTimestamp"
-            ):
+            if (pod.get("metadata") or {}).get("deletionTimestamp"):
+                continue
+            seen = kube_states.observe(pod)
+            if seen is None or not seen.state.final:
                 continue
             await self._save_log(name)
             await self.api.delete("Pod", name, grace_s=0)
@@ -380,8 +380,9 @@ class KubernetesDriver(PoolDriver):
                 log.info(
                     "pool %s: the watch's resourceVersion expired; listing again", self.pool.name
                 )
-            except KliqueError as exc:
-                self.watch_error = f"following the pods: {exc}"
+            except Exception as exc:  # the API's refusal, or an answer that cannot be read
+                words = str(exc) if isinstance(exc, KliqueError) else f"{type(exc).__name__}: {exc}"
+                self.watch_error = f"following the pods: {words}"
                 log.warning("pool %s: %s", self.pool.name, self.watch_error)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 30.0)
