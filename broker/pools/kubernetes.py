@@ -107,11 +107,7 @@ class KubernetesDriver(PoolDriver):
             token_file=_opt(s.get("token_file")),
             ca_file=_opt(s.get("ca_file")),
         )
-        self.installation = installation_id(context.home, s.get("installation"))
-        self.selector = {
-            kube_pod.LABEL_POOL: pool.name,
-            kube_pod.LABEL_INSTALLATION: self.installation,
-        }
+        self._installation = _opt(s.get("installation"))
         self.forms = kube_pod.GpuForms(
             whole=str(s.get("gpu_resource") or "nvidia.com/gpu"),
             mig=_opt(s.get("mig_resource")),
@@ -130,6 +126,18 @@ class KubernetesDriver(PoolDriver):
         self._runner_map: str | None = None
 
     # Names.
+
+    @property
+    def installation(self) -> str:
+        """Klique's installation id, in every pod's labels (made on first use)."""
+        if self._installation is None:
+            self._installation = installation_id(self.context.home, None)
+        return self._installation
+
+    @property
+    def selector(self) -> dict[str, str]:
+        """The labels of every pod of this pool and installation."""
+        return {kube_pod.LABEL_POOL: self.pool.name, kube_pod.LABEL_INSTALLATION: self.installation}
 
     def new_job_dir(self, task: Task) -> str:
         """The runner's folder in the pod, named as the pod is: the tag and the attempt."""
@@ -217,12 +225,14 @@ class KubernetesDriver(PoolDriver):
         except imageref.ImageError as exc:
             raise TemplateError(str(exc)) from exc
 
+    def base_template(self) -> Path:
+        roots = kube_pod.template_roots(self.context.estate.templates_dir)
+        return kube_pod.find_base(str(self.pool.settings["pod_template"]), roots)
+
     def render(self, task: Task, job_dir: str | None = None) -> dict[str, Any]:
         """The pod: the base template, the compute resource's overrides, Klique's fields."""
         roots = kube_pod.template_roots(self.context.estate.templates_dir)
-        base = kube_pod.load_yaml(
-            kube_pod.find_base(str(self.pool.settings["pod_template"]), roots)
-        )
+        base = kube_pod.load_yaml(self.base_template())
         found = kube_pod.find_overrides(task.resource, roots)
         overrides = kube_pod.load_yaml(found) if found else None
         return kube_pod.render_pod(self.request(task, job_dir), self.forms, base, overrides)

@@ -270,3 +270,20 @@ def test_an_unschedulable_pod_says_why():
     seen = observe(_pod("Pending", conditions=[condition]))
     assert seen is not None and seen.state is TaskState.PENDING
     assert seen.reason == f"Unschedulable: {message}"
+
+
+def test_the_shipped_role_is_valid_and_namespaced():
+    import yaml
+
+    path = Path(kube_pod.__file__).resolve().parent.parent / "deploy" / "kubernetes-rbac.yaml"
+    documents = list(yaml.safe_load_all(path.read_text()))
+    assert [d["kind"] for d in documents] == ["ServiceAccount", "Role", "RoleBinding"]
+    for document in documents:
+        kubernetes_validate.validate(document, KUBERNETES_VERSION, strict=True)
+    rules = documents[1]["rules"]
+    assert {r for rule in rules for r in rule["resources"]} == {
+        "pods",
+        "pods/log",
+        "secrets",
+        "configmaps",
+    }
