@@ -30,7 +30,7 @@ from broker.domain import Pool, Task, TaskState
 from broker.errors import KliqueError, SubmitError, TemplateError
 from broker.pools import kube_pod, kube_states
 from broker.pools.base import Context, Observation, PoolDriver, Submission
-from broker.pools.kube_api import Conflict, Gone, KubeApi
+from broker.pools.kube_api import Conflict, Gone, KubeApi, KubeError
 from broker.pools.registry import PoolKindSpec
 from broker.pools.settings import PoolSettings
 from broker.scheduler.placement import PoolState
@@ -156,13 +156,18 @@ class KubernetesDriver(PoolDriver):
     # Start-up.
 
     async def check(self) -> list[str]:
-        problems: list[str] = []
+        """Whether this account may follow the namespace's pods (a look, nothing made). An
+        API that does not answer raises: the pool's agent says so, and it is tried again."""
         try:
-            await self.runner_config_map()
-        except (KliqueError, OSError) as exc:
-            problems.append(f"the runner's ConfigMap in namespace {self.namespace}: {exc}")
-        self.problems = problems
-        return problems
+            await self.api.list_pods({kube_pod.LABEL_POOL: self.pool.name})
+        except KubeError as exc:
+            self.problems = [
+                f"namespace {self.namespace}: {exc}; fix: apply the Role and RoleBinding of "
+                "broker/deploy/kubernetes-rbac.yaml (docs/kubernetes.md) for the pool's account"
+            ]
+        else:
+            self.problems = []
+        return self.problems
 
     async def runner_config_map(self) -> str:
         """The ConfigMap holding this server's runner, made once (named by its digest)."""
@@ -278,6 +283,9 @@ class KubernetesDriver(PoolDriver):
                     f"a pod named {request.name} exists in namespace {self.namespace} and is not "
                     "this task's: one namespace serves one Klique installation"
                 ) from exc
+        except KubeError:  # refused: its Secret goes too (unreachable: it may have been made)
+            await self.api.delete("Secret", request.secret)
+            raise
         else:
             self._seen(created)
         return Submission(native_id=request.name, job_dir=job_dir)

@@ -82,9 +82,14 @@ class Emulator:
         return list(answer.json()["items"])
 
     def lists(self) -> int:
-        """Lists of the pool's pods (by its selector) the emulator served."""
+        """Lists of the pool's pods by the watch's selector (pool and installation) served:
+        the start-up check's look by the pool's label alone is not one."""
         served = httpx.get(f"{self.url}/emulator/requests").json()["list"]
-        return sum(n for selector, n in served.items() if "klique.dev/pool=k8s" in selector)
+        return sum(
+            n
+            for selector, n in served.items()
+            if "klique.dev/pool=k8s" in selector and "klique.dev/installation=" in selector
+        )
 
     def stop(self) -> None:
         self.process.terminate()
