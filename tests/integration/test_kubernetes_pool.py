@@ -43,6 +43,8 @@ resources:
     profile: {{gpus: 4, cpus: 1, memory: 400M, walltime: 1h, pools: [k8s]}}
   short:
     profile: {{cpus: 1, memory: 400M, walltime: 4s, pools: [k8s]}}
+  quarter-gpu:
+    profile: {{gpu_fraction: 0.25, cpus: 1, memory: 400M, walltime: 1h, pools: [k8s]}}
 pools:
   k8s:
     kind: kubernetes
@@ -51,6 +53,8 @@ pools:
     image: {IMAGE}
     run_as_user: {alice}
     delete_grace: 2s
+    shared_gpu_resource: nvidia.com/gpu.shared
+    gpu_memory: 40G
 """
 
 
@@ -62,7 +66,8 @@ class Emulator:
         self.url = f"http://127.0.0.1:{self.port}"
         argv = [
             sys.executable, str(EMULATOR), "--port", str(self.port), "--state", str(self.state),
-            "--image", IMAGE, "--cpu", "8", "--memory", "16Gi", "--resource", "nvidia.com/gpu=2",
+            "--image", IMAGE, "--cpu", "8", "--memory", "16Gi",
+            "--resource", "nvidia.com/gpu=2", "--resource", "nvidia.com/gpu.shared=8",
         ]  # fmt: skip
         log = (self.state / "emulator.log").open("wb")
         self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
@@ -130,13 +135,22 @@ def py(code: str) -> list[str]:
 
 
 def test_a_task_runs_to_completion_and_its_pod_is_cleaned_up(server, cluster, home):
-    task_id = submit(server, py("print('hello from a pod')"))
+    task_id = submit(server, py("import os; print('hello from a pod as', os.getuid())"))
     done = server.wait_state(task_id)
     assert (done["state"], done["exit_code"]) == ("completed", 0)
-    assert "hello from a pod" in server.cli("logs", str(task_id)).output
+    alice = pwd.getpwnam("alice").pw_uid
+    assert f"hello from a pod as {alice}" in server.cli("logs", str(task_id)).output
     wait_for(lambda: not cluster.pods(task_id), 30, "the finished task's pod to be deleted")
     saved = home / "pod-logs" / "k8s" / f"klique-{task_id}-1.log"
     assert saved.is_file()
+
+
+def test_a_share_of_a_gpu_runs_with_its_memory_cap_whatever_its_env(server):
+    show = "import os; print('cap', os.environ['CUDA_MPS_PINNED_DEVICE_MEM_LIMIT'])"
+    env = {"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=80G"}
+    task_id = submit(server, py(show), resource="quarter-gpu", env=env)
+    assert server.wait_state(task_id)["state"] == "completed"
+    assert "cap 0=10240M" in server.cli("logs", str(task_id)).output
 
 
 def test_a_failing_task_fails_with_its_exit_code(server):
