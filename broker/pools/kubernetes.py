@@ -27,7 +27,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from broker.domain import Pool, Task, TaskState
-from broker.errors import KliqueError, SubmitError, TemplateError
+from broker.errors import KliqueError, SubmitError, TemplateError, TransportError
 from broker.pools import kube_pod, kube_states
 from broker.pools.base import Context, Observation, PoolDriver, Submission
 from broker.pools.kube_api import Conflict, Gone, KubeApi, KubeError
@@ -157,9 +157,13 @@ class KubernetesDriver(PoolDriver):
 
     async def check(self) -> list[str]:
         """Whether this account may follow the namespace's pods (a look, nothing made). An
-        API that does not answer raises: the pool's agent says so, and it is tried again."""
+        API that does not answer is no problem found: the pool's agent shows it unreachable
+        (the watch's error) until it answers."""
         try:
             await self.api.list_pods({kube_pod.LABEL_POOL: self.pool.name})
+        except TransportError as exc:
+            log.warning("pool %s: start-up check could not run: %s", self.pool.name, exc)
+            return []
         except KubeError as exc:
             self.problems = [
                 f"namespace {self.namespace}: {exc}; fix: apply the Role and RoleBinding of "
