@@ -13,15 +13,13 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
-import httpx2 as httpx
+import httpx2  # lightkube 1.x speaks httpx2
 from lightkube import ApiError, AsyncClient, KubeConfig, codecs
 from lightkube.config.kubeconfig import SingleConfig
 from lightkube.config.models import Cluster, User
 from lightkube.resources.core_v1 import ConfigMap, Pod, Secret
 
 from broker.errors import KliqueError, TransportError
-
-WATCH_TIMEOUT_S = 300  # the API server ends a watch after this; the driver resumes it
 
 
 class KubeError(KliqueError):
@@ -91,14 +89,14 @@ class KubeApi:
         """Create a Pod, Secret or ConfigMap in the namespace."""
         try:
             created = await self._client.create(codecs.from_dict(dict(manifest)))
-        except (ApiError, httpx.HTTPError) as exc:
+        except (ApiError, httpx2.HTTPError) as exc:
             raise _error(exc) from exc
         return _plain(created)
 
     async def get_config_map(self, name: str) -> dict[str, Any] | None:
         try:
             return _plain(await self._client.get(ConfigMap, name))
-        except (ApiError, httpx.HTTPError) as exc:
+        except (ApiError, httpx2.HTTPError) as exc:
             error = _error(exc)
             if isinstance(error, NotFound):
                 return None
@@ -109,7 +107,7 @@ class KubeApi:
         resource: Any = {"Pod": Pod, "Secret": Secret, "ConfigMap": ConfigMap}[kind]
         try:
             await self._client.delete(resource, name, grace_period=grace_s)
-        except (ApiError, httpx.HTTPError) as exc:
+        except (ApiError, httpx2.HTTPError) as exc:
             error = _error(exc)
             if isinstance(error, NotFound):
                 return False
@@ -122,7 +120,7 @@ class KubeApi:
             listing = self._client.list(Pod, labels=dict(labels))
             pods = [_plain(pod) async for pod in listing]
             return pods, listing.resourceVersion
-        except (ApiError, httpx.HTTPError) as exc:
+        except (ApiError, httpx2.HTTPError) as exc:
             raise _error(exc) from exc
 
     async def watch_pods(
@@ -135,22 +133,24 @@ class KubeApi:
                 Pod,
                 labels=dict(labels),
                 resource_version=resource_version,
-                on_error=_stop_after_one,
+                on_error=_raise,
             ):
                 yield kind, _plain(pod)
-        except (ApiError, httpx.HTTPError) as exc:
+        except (ApiError, httpx2.HTTPError) as exc:
             raise _error(exc) from exc
 
     async def pod_log(self, name: str, tail_lines: int | None = None) -> str:
         try:
             lines = [line async for line in self._client.log(name, tail_lines=tail_lines)]
-        except (ApiError, httpx.HTTPError) as exc:
+        except (ApiError, httpx2.HTTPError) as exc:
             raise _error(exc) from exc
         return "".join(lines)
 
 
-def _stop_after_one(exc: Exception, count: int) -> Any:
-    """lightkube's watch retries forever by default; the driver decides instead."""
+def _raise(exc: Exception, count: int) -> Any:
+    """Every failure of a watch goes to the driver (lightkube would retry it, and after 410
+    Gone restart from no version at all); a watch the server ended is resumed by lightkube
+    from the last version seen."""
     from lightkube.types import OnErrorAction, OnErrorResult
 
     return OnErrorResult(OnErrorAction.RAISE)
