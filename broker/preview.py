@@ -1,4 +1,5 @@
-"""`klique template render`: the exact batch script a task would be submitted with, checked."""
+"""`klique template render`: the exact batch script a task would be submitted with, checked
+(on a Kubernetes pool: the pod, as YAML)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import yaml
+
 from broker.domain import Estate, Task, TaskSpec, TaskState
 from broker.errors import KliqueError, NotFound
 from broker.pools.base import Context
 from broker.pools.batch import BatchDriver
+from broker.pools.kubernetes import KubernetesDriver
 
 
 @dataclass(frozen=True)
@@ -53,7 +57,7 @@ def _first_user(estate: Estate, resource: str) -> str:
     return "preview"
 
 
-def driver_for(estate: Estate, resource: str, pool: str | None) -> BatchDriver:
+def driver_for(estate: Estate, resource: str, pool: str | None) -> BatchDriver | KubernetesDriver:
     from broker.pools.registry import make_driver
 
     _known(estate, resource)
@@ -65,7 +69,7 @@ def driver_for(estate: Estate, resource: str, pool: str | None) -> BatchDriver:
         if estate.pools[name].queueing:
             context = Context(estate, Path("."), Path("klique-runner.pyz"), None)
             driver = make_driver(estate.pools[name], context)
-            assert isinstance(driver, BatchDriver)
+            assert isinstance(driver, BatchDriver | KubernetesDriver)
             return driver
     raise KliqueError(
         f"compute resource {resource!r} has no batch pool (pools: "
@@ -75,6 +79,8 @@ def driver_for(estate: Estate, resource: str, pool: str | None) -> BatchDriver:
 
 def render_preview(estate: Estate, task: Task, pool: str | None, check: bool) -> Preview:
     driver = driver_for(estate, task.resource, pool)
+    if isinstance(driver, KubernetesDriver):
+        return _pod_preview(driver, task)
     script = driver.render(task)
     template = driver.template(task.resource).path
     if not check:
@@ -84,6 +90,14 @@ def render_preview(estate: Estate, task: Task, pool: str | None, check: bool) ->
         more, ok = asyncio.run(_test_only(driver, task, script))
         checks += more
     return Preview(driver.pool.name, script, [f"template: {template}", *checks], ok, template)
+
+
+def _pod_preview(driver: KubernetesDriver, task: Task) -> Preview:
+    """A Kubernetes pool's pod as YAML (labelled with a stand-in installation id)."""
+    driver._installation = driver._installation or "preview"  # noqa: SLF001 - no home here
+    pod = yaml.safe_dump(driver.render(task), sort_keys=False)
+    base = driver.base_template()
+    return Preview(driver.pool.name, pod, [f"template: {base}"], True, base)
 
 
 def _bash_n(script: str) -> tuple[list[str], bool]:

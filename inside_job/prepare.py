@@ -132,6 +132,8 @@ def task_environment(
         env["VIRTUAL_ENV"] = venv
         env["PATH"] = _join_path(os.path.join(venv, "bin"), env.get("PATH", os.defpath))
     env.update(gpus.task_env(grant, runtime))
+    if spec.gpu_memory_limit_mb is not None:  # after the task's env: the task cannot lift it
+        env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={spec.gpu_memory_limit_mb}M"
     return env
 
 

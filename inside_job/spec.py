@@ -77,6 +77,8 @@ class TaskSpec:
         self.uv: str | None = _opt_str(raw, "uv")
         self.package_cache: str | None = _opt_str(raw, "package_cache")
         self.env_cache_bytes: int | None = _opt_int(raw, "env_cache_bytes")
+        # A share of a GPU on a Kubernetes pool: the task's cap on GPU memory (MPS), in MiB.
+        self.gpu_memory_limit_mb: int | None = _opt_int(raw, "gpu_memory_limit_mb")
         self.compile: str = _opt_str(raw, "compile") or "background"
         if self.compile not in ("background", "build"):
             raise SpecError('compile: must be "background" or "build"')

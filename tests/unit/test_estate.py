@@ -53,7 +53,7 @@ def test_errors_name_file_line_field_and_fix():
     )
     assert any(
         p.startswith("estate.yaml:10: pools.local.kind: unknown pool kind 'hots'")
-        and "host, lsf, pbs, slurm" in p
+        and "host, kubernetes, lsf, pbs, slurm" in p
         for p in found
     ), found
 

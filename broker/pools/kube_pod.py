@@ -1,0 +1,298 @@
+"""Pods for a Kubernetes pool, rendered without I/O: a base pod template, the compute resource's
+overrides over it, then the fields Klique owns over both (docs/kubernetes.md).
+
+Both templates are YAML files the platform team edits, found like batch templates (the site's
+`templates_dir` first, then broker/batch_templates/): the base is `kubernetes/<pod_template>.yaml`
+(`pod.yaml` ships), the overrides `kubernetes/<resource>.yaml` (optional). Nothing a task's
+owner controls enters them: the task's command, env and code travel in task.json (a Secret);
+the pod carries only validated names, numbers and the checked image reference.
+
+The merge (`merge`), one rule per shape:
+- mappings merge key by key; a `null` in the overrides removes the key;
+- lists of named items (containers, initContainers, env, volumes, volumeMounts, ports,
+  envFrom is not named and is replaced) merge item by item on `name`: an item of the same name
+  is merged, a new name is appended;
+- `tolerations` are appended (an identical one is not added twice);
+- any other list, and any scalar, is replaced.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from broker.errors import TemplateError
+
+RUNNER_CONTAINER = "task"  # the container Klique runs the runner in
+RUNNER_MOUNT = "/opt/klique"  # the runner ConfigMap, read-only
+RUNNER_FILE = "klique-runner.pyz"
+TASK_FILE = "task.json"
+LABEL_PREFIX = "klique.dev"
+LABEL_TASK = f"{LABEL_PREFIX}/task"
+LABEL_ATTEMPT = f"{LABEL_PREFIX}/attempt"
+LABEL_POOL = f"{LABEL_PREFIX}/pool"
+LABEL_INSTALLATION = f"{LABEL_PREFIX}/installation"
+
+# Lists whose items merge on `name` (the Kubernetes API's own merge keys for these fields).
+_BY_NAME = frozenset(
+    {"containers", "initContainers", "env", "volumes", "volumeMounts", "ports", "volumeDevices"}
+)
+_APPENDED = frozenset({"tolerations"})
+
+# RFC 1123 label (pod names as Klique makes them) and label values (kubernetes.io
+# /docs/concepts/overview/working-with-objects/names/ and .../labels/#syntax-and-character-set).
+DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?")
+RESOURCE_NAME = re.compile(
+    r"([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?"
+)
+_PYTHON = re.compile(r"[A-Za-z0-9_./+-]{1,255}")
+
+
+def merge(base: Any, override: Any, key: str = "") -> Any:
+    """`override` over `base` by the rules in this module's docstring; neither is changed."""
+    if isinstance(base, Mapping) and isinstance(override, Mapping):
+        merged = {k: copy.deepcopy(v) for k, v in base.items()}
+        for k, v in override.items():
+            if v is None:
+                merged.pop(k, None)
+            elif k in merged:
+                merged[k] = merge(merged[k], v, k)
+            else:
+                merged[k] = copy.deepcopy(v)
+        return merged
+    if isinstance(base, list) and isinstance(override, list):
+        if key in _BY_NAME and _named(base) and _named(override):
+            return _merge_by_name(base, override)
+        if key in _APPENDED:
+            return copy.deepcopy(base) + [copy.deepcopy(v) for v in override if v not in base]
+    return copy.deepcopy(override)
+
+
+def _named(items: list[Any]) -> bool:
+    return all(isinstance(i, Mapping) and isinstance(i.get("name"), str) for i in items)
+
+
+def _merge_by_name(base: list[Any], override: list[Any]) -> list[Any]:
+    merged = [copy.deepcopy(i) for i in base]
+    index = {item["name"]: n for n, item in enumerate(merged)}
+    for item in override:
+        if item["name"] in index:
+            n = index[item["name"]]
+            merged[n] = merge(merged[n], item)
+        else:
+            index[item["name"]] = len(merged)
+            merged.append(copy.deepcopy(item))
+    return merged
+
+
+# The templates.
+
+BUILT_IN = Path(__file__).resolve().parent.parent / "batch_templates"
+
+
+def template_roots(site: str | None) -> tuple[Path, ...]:
+    return (Path(site).expanduser(), BUILT_IN) if site else (BUILT_IN,)
+
+
+def load_yaml(path: Path) -> dict[str, Any]:
+    """One template file: a YAML mapping, or a TemplateError naming the file."""
+    try:
+        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as exc:
+        raise TemplateError(f"{path}: {exc}") from exc
+    if doc is None:
+        return {}
+    if not isinstance(doc, dict):
+        raise TemplateError(f"{path}: a pod template is a YAML mapping (a Pod manifest)")
+    return doc
+
+
+def find_base(name: str, roots: tuple[Path, ...]) -> Path:
+    for root in roots:
+        path = root / "kubernetes" / f"{name}.yaml"
+        if path.is_file():
+            return path
+    where = " or ".join(str(root / "kubernetes" / f"{name}.yaml") for root in roots)
+    raise TemplateError(f"no base pod template {name!r}: add {where}")
+
+
+def find_overrides(resource: str, roots: tuple[Path, ...]) -> Path | None:
+    """The compute resource's overrides, `kubernetes/<resource>.yaml`, if any."""
+    for root in roots:
+        path = root / "kubernetes" / f"{resource}.yaml"
+        if path.is_file():
+            return path
+    return None
+
+
+# What Klique sets.
+
+
+@dataclass(frozen=True)
+class GpuForms:
+    """The pool's resource names for each kind of GPU request (docs/kubernetes.md)."""
+
+    whole: str = "nvidia.com/gpu"
+    mig: str | None = None  # a fraction or a GPU-memory request takes one slice of this
+    shared: str | None = None  # else one time-sliced replica, its memory capped by the runner
+    gpu_memory_mb: int = 0  # memory of one GPU: a fraction's cap on a shared GPU
+
+
+@dataclass(frozen=True)
+class PodRequest:
+    """Everything a pod is rendered from: validated values only."""
+
+    name: str  # klique-<task>-<attempt>
+    task_id: int
+    attempt: int
+    pool: str
+    installation: str
+    image: str
+    python: str
+    job_dir: str  # the runner's folder in the pod (an emptyDir)
+    secret: str  # holds task.json
+    runner_config_map: str
+    cpus: int
+    memory_mb: int
+    walltime_s: int
+    gpus: int = 0
+    gpu_fraction: float | None = None
+    gpu_memory_mb: int | None = None
+    run_as_user: int = 1000
+
+
+def gpu_limits(request: PodRequest, forms: GpuForms) -> tuple[dict[str, int], int | None]:
+    """The pod's GPU limits, and the per-process GPU memory cap (MiB) the runner enforces."""
+    if request.gpus:
+        return {forms.whole: request.gpus}, None
+    if request.gpu_fraction is None and request.gpu_memory_mb is None:
+        return {}, None  # a CPU-only compute resource gets no GPU at all
+    if forms.mig:
+        return {forms.mig: 1}, None
+    if forms.shared:
+        cap = request.gpu_memory_mb
+        if cap is None and request.gpu_fraction is not None and forms.gpu_memory_mb:
+            cap = int(request.gpu_fraction * forms.gpu_memory_mb)
+        return {forms.shared: 1}, cap
+    return {forms.whole: 1}, None  # no sharing configured: a fraction takes a whole GPU
+
+
+def klique_fields(request: PodRequest, forms: GpuForms) -> dict[str, Any]:
+    """The part of the pod Klique owns: merged last, so no template can change it."""
+    check_request(request, forms)
+    limits: dict[str, Any] = {"cpu": str(request.cpus), "memory": f"{request.memory_mb}Mi"}
+    gpus, _ = gpu_limits(request, forms)
+    limits.update({name: str(count) for name, count in gpus.items()})
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": request.name, "labels": labels(request)},
+        "spec": {
+            "restartPolicy": "Never",
+            "activeDeadlineSeconds": request.walltime_s,
+            "automountServiceAccountToken": False,
+            "securityContext": {"runAsNonRoot": True, "runAsUser": request.run_as_user},
+            "containers": [
+                {
+                    "name": RUNNER_CONTAINER,
+                    "image": request.image,
+                    "command": [
+                        request.python,
+                        f"{RUNNER_MOUNT}/{RUNNER_FILE}",
+                        request.job_dir,
+                    ],
+                    "workingDir": request.job_dir,
+                    "env": [
+                        {"name": "HOME", "value": request.job_dir},
+                        {"name": "PYTHONUNBUFFERED", "value": "1"},
+                    ],
+                    "resources": {"requests": dict(limits), "limits": limits},
+                    # The kubelet keeps the runner's exit.json as the container's termination
+                    # message (up to 4096 bytes): the pod's own record of how the task ended.
+                    "terminationMessagePath": f"{request.job_dir}/exit.json",
+                    "terminationMessagePolicy": "File",
+                    "securityContext": {
+                        "privileged": False,
+                        "allowPrivilegeEscalation": False,
+                        "runAsNonRoot": True,
+                        "runAsUser": request.run_as_user,
+                    },
+                    "volumeMounts": [
+                        {"name": "klique-job", "mountPath": request.job_dir},
+                        {"name": "klique-runner", "mountPath": RUNNER_MOUNT, "readOnly": True},
+                        {
+                            "name": "klique-task",
+                            "mountPath": f"{request.job_dir}/{TASK_FILE}",
+                            "subPath": TASK_FILE,
+                            "readOnly": True,
+                        },
+                    ],
+                }
+            ],
+            "volumes": [
+                {"name": "klique-job", "emptyDir": {}},
+                {
+                    "name": "klique-runner",
+                    "configMap": {"name": request.runner_config_map, "defaultMode": 0o444},
+                },
+                {"name": "klique-task", "secret": {"secretName": request.secret}},
+            ],
+        },
+    }
+
+
+def labels(request: PodRequest) -> dict[str, str]:
+    return {
+        LABEL_TASK: str(request.task_id),
+        LABEL_ATTEMPT: str(request.attempt),
+        LABEL_POOL: request.pool,
+        LABEL_INSTALLATION: request.installation,
+    }
+
+
+def check_request(request: PodRequest, forms: GpuForms) -> None:
+    """Every value that enters the pod: a name, label or resource name it may be."""
+    if not DNS_LABEL.fullmatch(request.name) or not DNS_LABEL.fullmatch(request.secret):
+        raise TemplateError(f"pod name {request.name!r} is not an RFC 1123 label")
+    for value in labels(request).values():
+        if not LABEL_VALUE.fullmatch(value) or len(value) > 63:
+            raise TemplateError(
+                f"label value {value!r} is not a Kubernetes label value; fix: pool names and "
+                "installation ids of 63 letters, digits, '-', '_' or '.' at most"
+            )
+    for name in filter(None, (forms.whole, forms.mig, forms.shared)):
+        if not RESOURCE_NAME.fullmatch(name):
+            raise TemplateError(f"GPU resource name {name!r} is not a Kubernetes resource name")
+    if not _PYTHON.fullmatch(request.python):
+        raise TemplateError(
+            f"python {request.python!r} is not a plain path; fix: name the image's interpreter"
+        )
+
+
+def render_pod(
+    request: PodRequest,
+    forms: GpuForms,
+    base: Mapping[str, Any],
+    overrides: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Base template, then the compute resource's overrides, then Klique's fields."""
+    pod = merge(base, overrides or {})
+    pod = merge(pod, klique_fields(request, forms))
+    _, cap = gpu_limits(request, forms)
+    if cap is not None:
+        container = next(c for c in pod["spec"]["containers"] if c["name"] == RUNNER_CONTAINER)
+        # Also told to the runner (task.json), which sets it after the task's own env.
+        cap_env = {"name": "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "value": f"0={cap}M"}
+        container["env"] = merge(container["env"], [cap_env], "env")
+    return pod
+
+
+def memory_cap_mb(request: PodRequest, forms: GpuForms) -> int | None:
+    return gpu_limits(request, forms)[1]
