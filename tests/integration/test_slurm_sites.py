@@ -66,6 +66,8 @@ resources:
   hidden:
     profile: {cpus: 1, memory: 100M, walltime: 10m, pools: [batch]}
     extra_directives: [--partition=hidden]
+  node:
+    profile: {cpus: 16, memory: 100M, walltime: 10m, pools: [batch]}
 pools:
 """
 
@@ -178,6 +180,54 @@ def test_slurms_own_requeue_moves_a_running_task_back_to_pending(private_jobs_po
     back = [e for e in events if e["from"] == "running" and e["to"] == "pending"]
     assert len(back) == 1 and back[0]["reason"].startswith("requeued by slurm (restart 1): ")
     assert [e["to"] for e in events][-3:] == ["pending", "running", "completed"]
+    records = slurm_jobs(site_conf(site), f"{site.job_root}/")
+    assert records[f"klique-{task_id}"] == [(str(task["native_id"]), "COMPLETED")]
+
+
+def test_a_task_preempted_by_requeue_waits_and_runs_again(private_jobs_pool):
+    """PreemptMode=REQUEUE: bob's job in the `urgent` partition needs the node that alice's
+    task holds whole; Slurm requeues her job (same id, restart count 1) and runs bob's. Klique
+    shows her task pending with Slurm's reason, then running again, then completed: one job."""
+    site = private_jobs_pool
+    go = site.folder / "go-preempt"
+    alice = site.tokens["alice"]
+    env = {"PATH": "/usr/bin:/bin", **site.env}
+    task_id = site.submit("alice", JOB_PYTHON, "-c", WAIT_FOR_FILE, str(go), resource="node")
+    task = site.server.wait_state(task_id, {"running"}, timeout=90, token=alice)
+    urgent = subprocess.run(
+        [
+            "runuser",
+            "-u",
+            "bob",
+            "--",
+            "sbatch",
+            "--parsable",
+            "--partition=urgent",
+            "--cpus-per-task=16",
+            "--mem=100M",
+            "--output=/dev/null",
+            "--wrap=true",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=env,
+        cwd=site.job_root,
+    ).stdout.strip()
+
+    def moves() -> list[tuple[str, str]]:
+        return [(e["from"], e["to"]) for e in site.server.task(task_id, alice)["events"]]
+
+    wait_for(lambda: ("running", "pending") in moves(), 120, "the task back to pending")
+    wait_for(lambda: not squeue_as("bob", site, f"--jobs={urgent}"), 120, "bob's job to end")
+    release = ["scontrol", "update", f"jobid={task['native_id']}", "StartTime=now"]
+    subprocess.run(release, check=True, env=env)  # past Slurm's hold of a requeued job
+    wait_for(lambda: moves()[-1] == ("pending", "running"), 240, "the run after preemption")
+    go.touch()
+    ended = site.server.wait_state(task_id, timeout=90, token=alice)
+    assert ended["state"] == "completed", ended
+    back = [e for e in ended["events"] if (e["from"], e["to"]) == ("running", "pending")]
+    assert len(back) == 1 and back[0]["reason"].startswith("requeued by slurm (restart 1): ")
     records = slurm_jobs(site_conf(site), f"{site.job_root}/")
     assert records[f"klique-{task_id}"] == [(str(task["native_id"]), "COMPLETED")]
 
