@@ -118,6 +118,7 @@ class Profile:
     cpus: int = 1
     memory_mb: int = 1024
     walltime_s: int = 3600
+    nodes: int = 1  # GPUs, CPUs and memory are per node; the task runs once on each node
 
     @property
     def whole_gpus(self) -> int:

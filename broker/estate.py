@@ -40,6 +40,7 @@ class ProfileFile(Strict):
     cpus: int = Field(1, ge=1)
     memory: SizeMB = 1024
     walltime: Seconds = 3600
+    nodes: int = Field(1, ge=1, le=4096)  # batch pools only: gpus, cpus and memory per node
     pools: list[Name] = Field(min_length=1)
 
 
@@ -375,6 +376,7 @@ def _build(model: EstateFile, pools: dict[str, PoolSettings], source: str) -> Es
                 cpus=r.profile.cpus,
                 memory_mb=r.profile.memory,
                 walltime_s=r.profile.walltime,
+                nodes=r.profile.nodes,
             ),
             extra_directives=tuple(r.extra_directives),
             skip_directives=tuple(r.skip_directives),

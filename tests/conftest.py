@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from conftest_services import (  # noqa: E402, F401
     SERVICE_MARKERS,
     ldap_url,
+    multinode_slurm_cluster,
     oidc_url,
     postgres_url,
     services_on,

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from markupsafe import Markup
 from pydantic import model_validator
 
 from broker.domain import Profile, Task, TaskState
@@ -204,13 +205,20 @@ class SlurmDriver(BatchDriver):
             if settings.get(key):
                 found.append(f"--{key}={settings[key]}")
         gpus = profile.whole_gpus
+        flag = str(settings.get("gpu_flag") or "gres")
+        if profile.nodes > 1:  # sbatch(1): one task a node, and what each node holds
+            found += [f"--nodes={profile.nodes}", "--ntasks-per-node=1"]
+            if flag == "gpus":  # --gpus is job-wide: every node's GPUs
+                gpus *= profile.nodes
         if gpus:
-            found.append(_GPU_DIRECTIVE[str(settings.get("gpu_flag") or "gres")].format(gpus))
+            found.append(_GPU_DIRECTIVE[flag].format(gpus))
         requeue = settings.get("requeue") or "slurm"
         found.append("--requeue" if requeue == "slurm" else "--no-requeue")
         found.append(f"--export={','.join(_EXPORTED)}")
         signal = self.context.estate.resources[task.resource].checkpoint_signal
-        if signal is not None:  # B: to the batch shell, which is the runner (it execs it)
+        if signal is not None and profile.nodes > 1:  # every step: the runners srun started
+            found.append(f"--signal={signal.signal}@{signal.before_s}")
+        elif signal is not None:  # B: to the batch shell, which is the runner (it execs it)
             found.append(f"--signal=B:{signal.signal}@{signal.before_s}")
         found += [
             f"--cpus-per-task={profile.cpus}",
@@ -219,6 +227,16 @@ class SlurmDriver(BatchDriver):
             f"--output={job_dir}/slurm-%j.out",
         ]
         return found
+
+    def node_launch(self, profile: Profile) -> Markup:
+        """srun(1): one runner on each node; --kill-on-bad-exit=1 ends the others when one
+        exits non-zero (the task then ends with that rank's reason)."""
+        if profile.nodes <= 1:
+            return Markup("")
+        return Markup(  # noqa: S704 - numbers only
+            f"srun --nodes={int(profile.nodes)} --ntasks-per-node=1 "
+            f"--cpus-per-task={int(profile.cpus)} --kill-on-bad-exit=1"
+        )
 
     def submit_argv(self, script: str) -> list[str]:
         return ["sbatch", "--parsable", script]
