@@ -131,8 +131,10 @@ class Profile:
 
     @property
     def gpu_share(self) -> float:
-        """GPUs counted as a number, a fraction included (memory-sized requests count 0)."""
-        return self.gpu_fraction if self.gpu_fraction is not None else float(self.gpus)
+        """GPUs counted as a number, a fraction included (memory-sized requests count 0), on
+        every node of the task: what the ledger meters."""
+        share = self.gpu_fraction if self.gpu_fraction is not None else float(self.gpus)
+        return share * self.nodes
 
 
 @dataclass(frozen=True)

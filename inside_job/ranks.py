@@ -57,13 +57,13 @@ def find(environ: dict[str, str]) -> Place:
     """This runner's place, from the variables the scheduler's launcher set."""
     if "SLURM_PROCID" in environ:
         return _slurm(environ)
-    if "PBS_VNODENUM" in environ:
+    if "PBS_NODENUM" in environ:
         return _pbs(environ)
     if "LSF_PM_TASKID" in environ:
         return _lsf(environ)
     raise SetupFailed(
         "the task asks for several nodes, but this runner was not started by srun, pbsdsh or "
-        "blaunch (no SLURM_PROCID, PBS_VNODENUM or LSF_PM_TASKID): the batch template must "
+        "blaunch (no SLURM_PROCID, PBS_NODENUM or LSF_PM_TASKID): the batch template must "
         "start one runner per node with --node (see broker/batch_templates/README.md)"
     )
 
@@ -84,11 +84,12 @@ def _slurm(environ: dict[str, str]) -> Place:
 
 
 def _pbs(environ: dict[str, str]) -> Place:
-    """pbsdsh(1B): PBS_VNODENUM is the vnode this copy was spawned on, counted from 0 in the
-    order of PBS_NODEFILE (one line per chunk, mpiprocs=1 by default)."""
-    nodes = _read_lines(environ.get("PBS_NODEFILE", ""))
+    """pbsdsh(1B) sets PBS_TASKNUM, PBS_NODENUM and PBS_VNODENUM: PBS_NODENUM is the node
+    this copy runs on, counted from 0 in the order of the job's hosts, which PBS_NODEFILE lists
+    (a host once per MPI process: the nodes are its distinct lines, in order)."""
+    nodes = _distinct(_read_lines(environ.get("PBS_NODEFILE", "")))
     return Place(
-        _int(environ, "PBS_VNODENUM"),
+        _int(environ, "PBS_NODENUM"),
         len(nodes),
         nodes,
         environ.get("PBS_JOBID", ""),
@@ -97,9 +98,11 @@ def _pbs(environ: dict[str, str]) -> Place:
 
 
 def _lsf(environ: dict[str, str]) -> Place:
-    """blaunch(1): one task per job slot, LSF_PM_TASKID counting them from 1; LSB_HOSTS lists
-    the slots' hosts, the first running the batch script (span[ptile=1]: one slot a host)."""
-    nodes = environ.get("LSB_HOSTS", "").split()
+    """blaunch(1) -z HOSTS: one task on each host named, LSF_PM_TASKID counting them from 1;
+    LSB_MCPU_HOSTS lists the job's hosts with their slots (LSB_HOSTS: once per slot), the
+    first running the batch script."""
+    pairs = environ.get("LSB_MCPU_HOSTS", "").split()  # host slots host slots ...
+    nodes = _distinct(pairs[::2] if pairs else environ.get("LSB_HOSTS", "").split())
     return Place(
         _int(environ, "LSF_PM_TASKID") - 1,
         len(nodes),
@@ -123,6 +126,10 @@ def expand_hostlist(text: str) -> list[str]:
             for n in range(int(low), int(high or low) + 1):
                 names.append(f"{prefix}{n:0{width}d}{suffix}")
     return names
+
+
+def _distinct(hosts: list[str]) -> list[str]:
+    return list(dict.fromkeys(hosts))
 
 
 def _int(environ: dict[str, str], name: str) -> int:

@@ -72,6 +72,7 @@ def unreadable(native_id: str, problem: str) -> NativeStatus:
 class Capacity:
     free_gpus: float = 0.0
     free_cpus: int | None = None
+    free_nodes: int | None = None  # idle nodes (None: not counted)
 
 
 class BatchDriver(PoolDriver):
@@ -325,6 +326,7 @@ class BatchDriver(PoolDriver):
             self.pool.name,
             free_gpus=self._capacity.free_gpus,
             free_cpus=self._capacity.free_cpus,
+            free_nodes=self._capacity.free_nodes,
             queued=waiting,
             reachable=not error,
             reason=error,

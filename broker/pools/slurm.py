@@ -272,7 +272,7 @@ class SlurmDriver(BatchDriver):
         return ["scontrol", "release", native_id]
 
     def capacity_argv(self) -> list[str] | None:
-        argv = ["sinfo", "--noheader", "--Format=CPUsState:|,Gres:|,GresUsed:|"]
+        argv = ["sinfo", "--noheader", "--Format=CPUsState:|,Gres:|,GresUsed:|,NodeAIOT:|"]
         if self.pool.settings.get("partition"):
             argv.append(f"--partition={self.pool.settings['partition']}")
         return argv
@@ -382,9 +382,14 @@ def parse_sacct(stdout: str) -> list[NativeStatus]:
 
 
 def parse_sinfo(stdout: str) -> Capacity:
-    """`sinfo --Format=CPUsState:|,Gres:|,GresUsed:|`: A/I/O/T CPUs, gpu:N, gpu:N(IDX:...)."""
+    """`sinfo --Format=CPUsState:|,Gres:|,GresUsed:|,NodeAIOT:|`: A/I/O/T CPUs, gpu:N,
+    gpu:N(IDX:...), A/I/O/T nodes. sinfo(1) prints one line for the nodes that share every
+    field: the CPUs are summed over them, the GRES are each node's, so they count once a node;
+    the idle nodes are those a task on several nodes may start on (without the node counts, an
+    older capture: one node a line, none counted idle)."""
     idle_cpus = 0
     free_gpus = 0
+    idle_nodes: int | None = None
     for line in stdout.splitlines():
         parts = line.strip().split(_SEP)
         if len(parts) < 3:
@@ -392,8 +397,13 @@ def parse_sinfo(stdout: str) -> Capacity:
         cpus = parts[0].split("/")
         if len(cpus) == 4 and cpus[1].isdigit():
             idle_cpus += int(cpus[1])
-        free_gpus += max(0, _gpu_count(parts[1]) - _gpu_count(parts[2]))
-    return Capacity(free_gpus=float(free_gpus), free_cpus=idle_cpus)
+        nodes = parts[3].split("/") if len(parts) > 3 else []
+        counted = len(nodes) == 4 and all(n.isdigit() for n in nodes)
+        each = int(nodes[3]) if counted else 1
+        free_gpus += max(0, _gpu_count(parts[1]) - _gpu_count(parts[2])) * each
+        if counted:
+            idle_nodes = (idle_nodes or 0) + int(nodes[1])
+    return Capacity(free_gpus=float(free_gpus), free_cpus=idle_cpus, free_nodes=idle_nodes)
 
 
 def _gpu_count(gres: str) -> int:
