@@ -276,6 +276,7 @@ class Estate:
     artifacts: ArtifactSettings = field(default_factory=ArtifactSettings)
     pipeline_resource: str | None = None  # where pipeline controllers run (None: the default)
     templates_dir: str | None = None  # the site's batch templates, searched before the built-in
+    mail_domain: str | None = None  # a task owner's mail address is OWNER@mail_domain
     apps: AppSettings = field(default_factory=AppSettings)
     routes: dict[str, StaticRoute] = field(default_factory=dict)
     source: str = "<built-in>"

@@ -118,13 +118,15 @@ def site_slurm_cluster(test_users: tuple[str, str]) -> Iterator[SlurmCluster]:
 
 
 # A third private cluster: two nodes n1 and n2 on this host, each its own slurmd on its own port
-# (scripts/slurm-up KLIQUE_SLURM_NODES), for tasks on several nodes.
+# (scripts/slurm-up KLIQUE_SLURM_NODES), for tasks on several nodes; the nodes have the feature
+# a100, for a site template's --constraint.
 MULTINODE_SLURM = {
     "KLIQUE_SLURM_DIR": "/tmp/klique-slurm-nodes",
     "KLIQUE_SLURM_CTLD_PORT": "7017",
     "KLIQUE_SLURM_SLURMD_PORT": "7021",
     "KLIQUE_SLURM_CLUSTER": "nodes",
     "KLIQUE_SLURM_NODES": "2",
+    "KLIQUE_SLURM_NODE_FEATURES": "a100",
 }
 
 

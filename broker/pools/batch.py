@@ -227,6 +227,7 @@ class BatchDriver(PoolDriver):
             "task_id": task.id,
             "tag": task.tag,
             "owner": task.owner,
+            "owner_email": _email(task.owner, self.context.estate.mail_domain),
             "account": self.pool.user_map.account_for(task.owner) or "",
             "project": task.spec.project,
             "resource": resource.name,
@@ -750,6 +751,11 @@ def _signalled(doc: Mapping[str, Any]) -> bool:
 
 def _json_bytes(doc: Mapping[str, Any]) -> bytes:
     return json.dumps(doc, indent=2).encode()
+
+
+def _email(owner: str, domain: str | None) -> str:
+    """The owner's mail address (a validated name at the estate's mail_domain), or ''."""
+    return f"{owner}@{domain}" if domain else ""
 
 
 def walltime_hms(seconds: int) -> str:

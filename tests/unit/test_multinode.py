@@ -5,13 +5,15 @@ nodes."""
 from __future__ import annotations
 
 import json
+import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from test_placement import cycle, estate, host, queued, resource, slurm
 
 from broker.errors import EstateError
-from broker.estate import parse_estate
+from broker.estate import load_estate, parse_estate
 from broker.pools.base import Context
 from broker.pools.lsf import LsfDriver
 from broker.pools.pbs import PbsDriver
@@ -243,3 +245,36 @@ def test_sinfo_counts_each_nodes_gpus_and_the_idle_nodes():
         "0/32/0/32|gpu:4|gpu:0|0/2/0/2|\n16/0/0/16|gpu:4|gpu:4(IDX:0-3)|1/0/0/1|\n"
     )
     assert (capacity.free_gpus, capacity.free_cpus, capacity.free_nodes) == (8.0, 32, 2)
+
+
+# -- the example site template ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("resource_name", ["8-gpu-node", "2-nodes"])
+def test_the_example_site_estate_renders_its_own_template(resource_name):
+    root = Path(__file__).resolve().parents[2]
+    site = load_estate(root / "examples/site/estate.yaml")
+    site = replace(site, templates_dir=str(root / "examples/site/templates"))
+    context = Context(site, Path("."), Path("klique-runner.pyz"), None)
+    pool = SlurmDriver(site.pools["cluster"], context)
+    assert pool.template(resource_name).path.is_relative_to(root / "examples/site/templates")
+    script = pool.render(sample_task(site, resource_name, "alice"))
+    for line in (
+        "#SBATCH --account=ml-research",
+        "#SBATCH --qos=normal",
+        "#SBATCH --constraint=a100",
+        "#SBATCH --exclusive",
+        "#SBATCH --mail-type=FAIL",
+        "#SBATCH --mail-user=alice@example.org",
+    ):
+        assert line in script.splitlines(), script
+    assert "  module purge" in script and "export NCCL_SOCKET_IFNAME" in script
+    single = resource_name == "8-gpu-node"
+    assert ("#SBATCH --signal=B:USR1@120" in script) is single
+    assert ("mktemp -d" in script) is single and ("--gather" in script) is not single
+    subprocess.run(["bash", "-n"], input=script, text=True, check=True)
+
+
+def test_a_mail_domain_is_a_domain():
+    with pytest.raises(EstateError, match="mail_domain: 'a;b' is not a mail domain; fix"):
+        driver("slurm", "cpus: 1", extra="mail_domain: 'a;b'")
