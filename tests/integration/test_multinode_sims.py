@@ -17,13 +17,7 @@ from batch_helpers import (
     shared_folder,
 )
 from conftest import Server, start_server, stop_server, submitted_id
-
-ESTATE = """
-resources:
-  pair:
-    profile: {cpus: 1, memory: 100M, walltime: 10m, nodes: 2, pools: [batch]}
-pools:
-"""
+from test_multinode import ESTATE  # one compute resource `pair` of two nodes
 
 # Where each rank ran, as the scheduler's launcher said; rank 1 fails when told to.
 SAYS_WHERE = """
