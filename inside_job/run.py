@@ -55,7 +55,7 @@ class Run:
             spec = task_spec.load(self.job_dir)
             self.spec = spec
             self._expect_run_limit(spec.scheduler)
-            if self.place is not None:
+            if self.place is not None or spec.nodes > 1:
                 self._take_place(spec)
             if spec.report is not None and not (self.place and self.place.rank):
                 from inside_job.reporter import Reporter
@@ -76,7 +76,12 @@ class Run:
             return outcome.stopped(exc.signum, 128 + exc.signum, self.job_dir, self.run_limit)
 
     def _take_place(self, spec: TaskSpec) -> None:
-        assert self.place is not None
+        if self.place is None:
+            raise SetupFailed(
+                f"the task asks for {spec.nodes} nodes, but its runner was started alone: the "
+                "batch template must start one runner per node with `node_launch` (see "
+                "broker/batch_templates/README.md)"
+            )
         if self.place.world != spec.nodes:
             raise SetupFailed(
                 f"the task asks for {spec.nodes} nodes, but {self.place.world} runners were "

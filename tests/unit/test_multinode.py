@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -278,3 +279,16 @@ def test_the_example_site_estate_renders_its_own_template(resource_name):
 def test_a_mail_domain_is_a_domain():
     with pytest.raises(EstateError, match="mail_domain: 'a;b' is not a mail domain; fix"):
         driver("slurm", "cpus: 1", extra="mail_domain: 'a;b'")
+
+
+def test_a_runner_started_alone_for_a_task_on_several_nodes_refuses_it(tmp_path):
+    (tmp_path / "task.json").write_text(json.dumps({"id": 5, "command": ["true"], "nodes": 2}))
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, "-m", "inside_job", str(tmp_path)],
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(root)},
+        check=False,
+    )
+    assert done.returncode == 125
+    ended = json.loads((tmp_path / "exit.json").read_text())
+    assert ended["outcome"] == "setup_failed" and "started alone" in ended["reason"], ended
