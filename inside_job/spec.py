@@ -81,13 +81,13 @@ class TaskSpec:
         self.uv: str | None = _opt_str(raw, "uv")
         self.package_cache: str | None = _opt_str(raw, "package_cache")
         self.env_cache_bytes: int | None = _opt_int(raw, "env_cache_bytes")
+        self.compile: str = _opt_str(raw, "compile") or "background"
+        if self.compile not in ("background", "build"):
+            raise SpecError('compile: must be "background" or "build"')
         self.nodes: int = _opt_int(raw, "nodes") or 1  # the task's nodes: one runner on each
         if self.nodes < 1:
             raise SpecError("nodes: must be 1 or more")
         self.place: Place | None = None  # this runner's place among them (inside_job/ranks.py)
-        self.compile: str = _opt_str(raw, "compile") or "background"
-        if self.compile not in ("background", "build"):
-            raise SpecError('compile: must be "background" or "build"')
 
     def cache(self) -> str:
         """This account's private cache folder, made on first use (never before it is needed:
