@@ -288,15 +288,24 @@ def show(task_id: int, as_json: bool) -> None:
 @main.command()
 @click.argument("task_id", type=int)
 @click.option("--follow", "-f", is_flag=True, help="Keep printing until the task ends.")
-def logs(task_id: int, follow: bool) -> None:
+@click.option(
+    "--rank",
+    type=click.IntRange(0, 4095),
+    default=0,
+    help="On several nodes: this rank's console (0, the default, is the task's).",
+)
+def logs(task_id: int, follow: bool, rank: int) -> None:
     """Print a task's console."""
-    follow_logs(Client(), task_id, follow)
+    follow_logs(Client(), task_id, follow, rank=rank)
 
 
-def follow_logs(client: Client, task_id: int, follow: bool, poll_s: float = 0.3) -> dict[str, Any]:
+def follow_logs(
+    client: Client, task_id: int, follow: bool, poll_s: float = 0.3, rank: int = 0
+) -> dict[str, Any]:
     offset = 0
+    where = {"rank": rank} if rank else {}
     while True:
-        chunk = client.get(f"/tasks/{task_id}/logs", offset=offset)
+        chunk = client.get(f"/tasks/{task_id}/logs", offset=offset, **where)
         if chunk["text"]:
             click.echo(chunk["text"], nl=False)
             offset = chunk["offset"]

@@ -118,6 +118,7 @@ class Profile:
     cpus: int = 1
     memory_mb: int = 1024
     walltime_s: int = 3600
+    nodes: int = 1  # GPUs, CPUs and memory are per node; the task runs once on each node
 
     @property
     def whole_gpus(self) -> int:
@@ -130,8 +131,10 @@ class Profile:
 
     @property
     def gpu_share(self) -> float:
-        """GPUs counted as a number, a fraction included (memory-sized requests count 0)."""
-        return self.gpu_fraction if self.gpu_fraction is not None else float(self.gpus)
+        """GPUs counted as a number, a fraction included (memory-sized requests count 0), on
+        every node of the task: what the ledger meters."""
+        share = self.gpu_fraction if self.gpu_fraction is not None else float(self.gpus)
+        return share * self.nodes
 
 
 @dataclass(frozen=True)
@@ -273,6 +276,7 @@ class Estate:
     artifacts: ArtifactSettings = field(default_factory=ArtifactSettings)
     pipeline_resource: str | None = None  # where pipeline controllers run (None: the default)
     templates_dir: str | None = None  # the site's batch templates, searched before the built-in
+    mail_domain: str | None = None  # a task owner's mail address is OWNER@mail_domain
     apps: AppSettings = field(default_factory=AppSettings)
     routes: dict[str, StaticRoute] = field(default_factory=dict)
     source: str = "<built-in>"

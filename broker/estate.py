@@ -10,7 +10,14 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import BeforeValidator, Field, TypeAdapter, ValidationError, model_validator
+from pydantic import (
+    BeforeValidator,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from broker.domain import (
     AppSettings,
@@ -32,6 +39,9 @@ from broker.pools.registry import kinds
 from broker.pools.settings import PoolSettings, UserMapRule
 from broker.units import Name, Seconds, SecondsOrZero, SizeMB, Strict, parse_duration_s
 
+# A DNS domain of two or more labels (RFC 1035: letters, digits, inner hyphens, 63 at most).
+MAIL_DOMAIN = r"^(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)+[A-Za-z]{2,63}$"
+
 
 class ProfileFile(Strict):
     gpus: int = Field(0, ge=0)
@@ -40,6 +50,7 @@ class ProfileFile(Strict):
     cpus: int = Field(1, ge=1)
     memory: SizeMB = 1024
     walltime: Seconds = 3600
+    nodes: int = Field(1, ge=1, le=4096)  # batch pools only: gpus, cpus and memory per node
     pools: list[Name] = Field(min_length=1)
 
 
@@ -110,6 +121,8 @@ class EstateFile(Strict):
     limits: LimitsFile = LimitsFile()
     artifacts: ArtifactsFile = ArtifactsFile()
     templates_dir: str | None = None  # the site's batch templates, searched before the built-in
+    # Where a task's owner reads mail: templates get `owner_email` = OWNER@mail_domain.
+    mail_domain: str | None = None
     teams: dict[Name, list[str]] = {}
     resources: dict[Name, ResourceFile] = Field(min_length=1)
     # Each pool is checked against its kind's own settings model (see _pools).
@@ -118,6 +131,16 @@ class EstateFile(Strict):
     identity: IdentityFile | None = None
     apps: AppsFile = AppsFile()
     routes: dict[Name, RouteFile] = {}
+
+    @field_validator("mail_domain")
+    @classmethod
+    def _a_domain(cls, value: str | None) -> str | None:
+        if value is not None and (len(value) > 253 or not re.fullmatch(MAIL_DOMAIN, value)):
+            raise ValueError(
+                f"{value!r} is not a mail domain; fix: give a domain like example.org (letters, "
+                "digits and inner hyphens, in labels joined by dots)"
+            )
+        return value
 
 
 _FIXES = {
@@ -375,6 +398,7 @@ def _build(model: EstateFile, pools: dict[str, PoolSettings], source: str) -> Es
                 cpus=r.profile.cpus,
                 memory_mb=r.profile.memory,
                 walltime_s=r.profile.walltime,
+                nodes=r.profile.nodes,
             ),
             extra_directives=tuple(r.extra_directives),
             skip_directives=tuple(r.skip_directives),
@@ -414,6 +438,7 @@ def _build(model: EstateFile, pools: dict[str, PoolSettings], source: str) -> Es
         ),
         pipeline_resource=model.defaults.pipeline_resource,
         templates_dir=model.templates_dir,
+        mail_domain=model.mail_domain,
         apps=AppSettings(
             catalogue=_beside(source, model.apps.catalogue),
             max_running=model.apps.max_running,

@@ -234,6 +234,7 @@ class _PoolIn(_TraceModel):
     reachable: bool = True
     reason: str = ""
     last_good: float | None = None
+    free_nodes: int | None = None
 
 
 class _TraceIn(_TraceModel):

@@ -27,8 +27,11 @@ _FILE_ERRORS = re.compile(
 )
 
 
-def materialise(code: CodeSpec | None, job_dir: str, cache_dir: str, console: Console) -> str:
-    """Make the code ready and return the folder the task runs in."""
+def materialise(
+    code: CodeSpec | None, job_dir: str, cache_dir: str, console: Console, name: str = CLONE_DIR
+) -> str:
+    """Make the code ready in job_dir/name and return the folder the task runs in (each node
+    of a task on several nodes checks out its own: `code.rankN`)."""
     if code is None:
         return job_dir
     if code.workdir is not None:
@@ -38,10 +41,10 @@ def materialise(code: CodeSpec | None, job_dir: str, cache_dir: str, console: Co
     assert code.repo is not None and code.commit is not None
     mirror, how = update_mirror(code.repo, code.commit, cache_dir)
     console.say(f"code {code.repo} at {code.commit[:12]} (mirror {how})")
-    dest = os.path.join(job_dir, CLONE_DIR)
+    dest = os.path.join(job_dir, name)
     checkout(mirror, code.commit, dest)
     if code.diff.strip():
-        apply_diff(dest, code.diff, code.commit, job_dir)
+        apply_diff(dest, code.diff, code.commit, dest + ".diff")
     return _subdir(dest, code.subdir)
 
 
@@ -83,9 +86,9 @@ def checkout(mirror: str, commit: str, dest: str) -> None:
     )
 
 
-def apply_diff(dest: str, diff: str, commit: str, job_dir: str) -> None:
-    """Apply the diff with a three-way merge (git falls back to a plain apply by itself)."""
-    patch = os.path.join(job_dir, "code.diff")
+def apply_diff(dest: str, diff: str, commit: str, patch: str) -> None:
+    """Apply the diff (written to `patch`) with a three-way merge (git falls back to a plain
+    apply by itself)."""
     with open(patch, "w", encoding="utf-8") as f:
         f.write(diff if diff.endswith("\n") else diff + "\n")
     result = _run_git(["apply", "--3way", "--whitespace=nowarn", patch], dest)

@@ -1,4 +1,6 @@
-"""The files the runner writes in the job directory: status.json, exit.json and console.log."""
+"""The files the runner writes in the job directory: status.json, exit.json and console.log
+(and, for a task on several nodes, each rank's exit.rankN.json and console.rankN.log, rank 0's
+console being console.log)."""
 
 from __future__ import annotations
 
@@ -37,15 +39,28 @@ def write_status(job_dir: str, state: dict) -> None:
     write_json(os.path.join(job_dir, STATUS_FILE), state)
 
 
-def write_exit(job_dir: str, result: dict) -> None:
-    write_json(os.path.join(job_dir, EXIT_FILE), result)
+def write_exit(job_dir: str, result: dict, name: str = EXIT_FILE) -> None:
+    write_json(os.path.join(job_dir, name), result)
 
 
-def forget_outcome(job_dir: str) -> None:
+def rank_exit_file(rank: int) -> str:
+    """Where one rank of a task on several nodes writes how it ended."""
+    return f"exit.rank{rank}.json"
+
+
+def rank_console_file(rank: int) -> str:
+    """One rank's console: rank 0's is the task's console.log."""
+    return f"console.rank{rank}.log" if rank else CONSOLE_FILE
+
+
+def forget_outcome(job_dir: str, rank: int | None = None) -> None:
     """A run that starts again in the same folder (the scheduler requeued its job after a node
-    failure or a preemption) must not leave the earlier run's ending to be read as its own."""
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(os.path.join(job_dir, EXIT_FILE))
+    failure or a preemption) must not leave the earlier run's ending to be read as its own
+    (each rank of a task on several nodes forgets its own, and exit.json)."""
+    names = [EXIT_FILE] if rank is None else [EXIT_FILE, rank_exit_file(rank)]
+    for name in names:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(job_dir, name))
 
 
 def above_stdio(fd: int) -> int:
@@ -62,8 +77,8 @@ def above_stdio(fd: int) -> int:
 class Console:
     """console.log, opened for appending; the task writes to the same file through its fd."""
 
-    def __init__(self, job_dir: str) -> None:
-        self.path = os.path.join(job_dir, CONSOLE_FILE)
+    def __init__(self, job_dir: str, name: str = CONSOLE_FILE) -> None:
+        self.path = os.path.join(job_dir, name)
         self.fd = above_stdio(os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600))
 
     def say(self, line: str) -> None:

@@ -57,6 +57,8 @@ def prepare(spec: TaskSpec, console: Console) -> Prepared:
     if runtime == "pyxis":
         _check_inside_pyxis(spec)
     prepared.env = task_environment(spec, venv, grant, runtime)
+    if spec.place is not None:
+        prepared.env.update(spec.place.env())
     if spec.app is not None:
         prepared.app = app_run(spec, prepared)
     if runtime is not None and runtime != "pyxis":
@@ -143,6 +145,9 @@ def _code(spec: TaskSpec, console: Console) -> str:
     from inside_job import code
 
     mirrors = spec.cache() if spec.code.workdir is None else ""
+    if spec.place is not None and spec.place.rank:
+        name = f"{code.CLONE_DIR}.rank{spec.place.rank}"
+        return code.materialise(spec.code, spec.job_dir, mirrors, console, name)
     return code.materialise(spec.code, spec.job_dir, mirrors, console)
 
 

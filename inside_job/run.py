@@ -1,4 +1,9 @@
-"""One run of a task: status, setup, the command, signals, and the exit file."""
+"""One run of a task: status, setup, the command, signals, and the exit file.
+
+A task on several nodes has one runner per node (`--node`): each prepares its own node and
+writes its own console and exit file; rank 0 alone reports the task's state. When all have
+ended, the batch script's `--gather` step writes exit.json, the worst of the ranks' endings
+(inside_job/gather.py)."""
 
 from __future__ import annotations
 
@@ -14,6 +19,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from inside_job.jobfiles import Console
     from inside_job.prepare import Prepared
+    from inside_job.ranks import Place
     from inside_job.reporter import Reporter
     from inside_job.spec import TaskSpec
 
@@ -21,9 +27,12 @@ if TYPE_CHECKING:
 class Run:
     """The state of one run, shared with the signal handler."""
 
-    def __init__(self, job_dir: str) -> None:
+    def __init__(self, job_dir: str, place: Place | None = None) -> None:
         self.job_dir = job_dir
-        self.console = jobfiles.Console(job_dir)
+        self.place = place  # None: the task's only runner
+        rank = place.rank if place is not None else 0
+        self.exit_file = jobfiles.rank_exit_file(rank) if place is not None else jobfiles.EXIT_FILE
+        self.console = jobfiles.Console(job_dir, jobfiles.rank_console_file(rank))
         self.reporter: Reporter | None = None
         self.started: float | None = None
         self.forwarder = process.SignalForwarder(on_stop=self._on_stop)
@@ -31,6 +40,8 @@ class Run:
         self.spec: TaskSpec | None = None
 
     def publish(self, state: str, pid: int | None = None) -> None:
+        if self.place is not None and self.place.rank:
+            return  # rank 0 speaks for the task
         status = jobfiles.status(state, pid)
         jobfiles.write_status(self.job_dir, status)
         if self.reporter is not None:
@@ -44,7 +55,9 @@ class Run:
             spec = task_spec.load(self.job_dir)
             self.spec = spec
             self._expect_run_limit(spec.scheduler)
-            if spec.report is not None:
+            if self.place is not None or spec.nodes > 1:
+                self._take_place(spec)
+            if spec.report is not None and not (self.place and self.place.rank):
                 from inside_job.reporter import Reporter
 
                 self.reporter = Reporter(spec.report.url, spec.report.token, spec.id, self.job_dir)
@@ -61,6 +74,24 @@ class Run:
             return outcome.result(exc.exit_code, "setup_failed", exc.reason)
         except process.Terminated as exc:
             return outcome.stopped(exc.signum, 128 + exc.signum, self.job_dir, self.run_limit)
+
+    def _take_place(self, spec: TaskSpec) -> None:
+        if self.place is None:
+            raise SetupFailed(
+                f"the task asks for {spec.nodes} nodes, but its runner was started alone: the "
+                "batch template must start one runner per node with `node_launch` (see "
+                "broker/batch_templates/README.md)"
+            )
+        if self.place.world != spec.nodes:
+            raise SetupFailed(
+                f"the task asks for {spec.nodes} nodes, but {self.place.world} runners were "
+                "started: the batch template must start one runner per node"
+            )
+        spec.place = self.place
+        self.console.say(
+            f"rank {self.place.rank} of {self.place.world} on {os.uname().nodename} "
+            f"(MASTER_ADDR {self.place.master})"
+        )
 
     def _expect_run_limit(self, scheduler: str) -> None:
         """Where the scheduler warns at the run limit, that signal ends the run as timed out."""
@@ -97,14 +128,15 @@ class Run:
         # first stop decides (a run-limit warning, then the kill after its grace).
         first = self.forwarder.stop_signal() or signum
         res = outcome.stopped(first, 128 + first, self.job_dir, self.run_limit)
-        jobfiles.write_exit(self.job_dir, outcome.stamp(res, self.started))
+        jobfiles.write_exit(self.job_dir, outcome.stamp(res, self.started), self.exit_file)
 
     def finish(self, res: dict) -> int:
         final = outcome.stamp(res, self.started)
-        jobfiles.write_exit(self.job_dir, final)
-        self.publish("done")
-        if self.reporter is not None:
-            self.reporter.close(final)
+        jobfiles.write_exit(self.job_dir, final, self.exit_file)
+        if self.place is None:
+            self.publish("done")
+        if self.reporter is not None:  # on several nodes, the gather step reports the end
+            self.reporter.close(final if self.place is None else None)
         self.console.close()
         return int(final["exit_code"])
 
@@ -158,12 +190,17 @@ class AppRunning:
             self.tunnel.stop()
 
 
-def run(job_dir: str) -> int:
-    """Run the task of job_dir; the return value is the task's exit code (setup failure: 125)."""
+def run(job_dir: str, node: bool = False) -> int:
+    """Run the task of job_dir (node: as one of the runners of a task on several nodes); the
+    return value is the task's exit code (setup failure: 125)."""
     job_dir = os.path.abspath(job_dir)
     try:
-        jobfiles.forget_outcome(job_dir)
-        current = Run(job_dir)
+        place = _place() if node else None
+        jobfiles.forget_outcome(job_dir, place.rank if place is not None else None)
+        current = Run(job_dir, place)
+    except SetupFailed as exc:
+        sys.stderr.write(f"klique-runner: {exc.reason}\n")
+        return exc.exit_code
     except OSError as exc:
         sys.stderr.write(f"klique-runner: cannot use job directory {job_dir}: {exc.strerror}\n")
         return 125
@@ -174,3 +211,9 @@ def run(job_dir: str) -> int:
     for signum in process.FORWARDED:  # the task is over: nothing may cut the exit file short
         signal.signal(signum, signal.SIG_IGN)
     return current.finish(res)
+
+
+def _place() -> Place:
+    from inside_job.ranks import find
+
+    return find(dict(os.environ))

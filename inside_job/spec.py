@@ -7,6 +7,10 @@ import os
 
 from inside_job.errors import SpecError
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from inside_job.ranks import Place
+
 TASK_FILE = "task.json"
 SCHEDULERS = ("host", "slurm", "pbs", "lsf", "kubernetes")
 
@@ -82,6 +86,10 @@ class TaskSpec:
         self.compile: str = _opt_str(raw, "compile") or "background"
         if self.compile not in ("background", "build"):
             raise SpecError('compile: must be "background" or "build"')
+        self.nodes: int = _opt_int(raw, "nodes") or 1  # the task's nodes: one runner on each
+        if self.nodes < 1:
+            raise SpecError("nodes: must be 1 or more")
+        self.place: Place | None = None  # this runner's place among them (inside_job/ranks.py)
 
     def cache(self) -> str:
         """This account's private cache folder, made on first use (never before it is needed:

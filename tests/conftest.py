@@ -25,6 +25,7 @@ from conftest_services import (  # noqa: E402, F401
     SERVICE_MARKERS,
     accounting_slurm_cluster,
     ldap_url,
+    multinode_slurm_cluster,
     oidc_url,
     postgres_url,
     services_on,

@@ -120,7 +120,32 @@ SITE_SLURM = {
 def site_slurm_cluster(test_users: tuple[str, str]) -> Iterator[SlurmCluster]:
     """A private cluster with PrivateData=jobs and JobRequeue=1 (use its `conf` as SLURM_CONF);
     stopped at the end of the session, its state kept."""
-    env = dict(SITE_SLURM)
+    yield from private_cluster(SITE_SLURM)
+
+
+# A third private cluster: two nodes n1 and n2 on this host, each its own slurmd on its own port
+# (scripts/slurm-up KLIQUE_SLURM_NODES), for tasks on several nodes; the nodes have the feature
+# a100, for a site template's --constraint.
+MULTINODE_SLURM = {
+    "KLIQUE_SLURM_DIR": "/tmp/klique-slurm-nodes",
+    "KLIQUE_SLURM_CTLD_PORT": "7017",
+    "KLIQUE_SLURM_SLURMD_PORT": "7021",
+    "KLIQUE_SLURM_CLUSTER": "nodes",
+    "KLIQUE_SLURM_NODES": "2",
+    "KLIQUE_SLURM_NODE_FEATURES": "a100",
+}
+
+
+@pytest.fixture(scope="session")
+def multinode_slurm_cluster(test_users: tuple[str, str]) -> Iterator[SlurmCluster]:
+    """A private cluster of two nodes, n1 and n2 (use its `conf` as SLURM_CONF); stopped at
+    the end of the session, its state kept."""
+    yield from private_cluster(MULTINODE_SLURM)
+
+
+def private_cluster(settings: dict[str, str]) -> Iterator[SlurmCluster]:
+    """A private cluster of scripts/slurm-up with these settings, stopped at the end."""
+    env = dict(settings)
     run_script("slurm-up", env=env)
     folder = Path(env["KLIQUE_SLURM_DIR"])
     yield SlurmCluster(

@@ -58,6 +58,7 @@ class PoolStateIn(BaseModel):
     reachable: bool = True
     reason: Reason = ""
     last_good: float | None = Field(None, allow_inf_nan=False)
+    free_nodes: int | None = Field(None, ge=0, lt=2**31)  # idle nodes, where counted
 
 
 class AgentCall(BaseModel):

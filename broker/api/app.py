@@ -164,10 +164,13 @@ def create_app(scheduler: Scheduler, lifespan: Any = None) -> FastAPI:
 
     @app.get(f"{API}/tasks/{{task_id}}/logs")
     async def logs(
-        task_id: TaskId, who: Auth, offset: Annotated[int, Query(ge=0, lt=2**62)] = 0
+        task_id: TaskId,
+        who: Auth,
+        offset: Annotated[int, Query(ge=0, lt=2**62)] = 0,
+        rank: Annotated[int, Query(ge=0, le=4095)] = 0,
     ) -> LogChunk:
         task = await asyncio.to_thread(own_task, task_id, who)
-        data = await _read_console(task, scheduler, offset)
+        data = await _read_console(task, scheduler, offset, _rank(task, scheduler, rank))
         # A character split at the chunk's end waits for the next read, unless this is the end.
         text, used = decode_prefix(data, task.state.final and len(data) < _LOG_CHUNK)
         return LogChunk(id=task.id, offset=offset + used, text=text, final=task.state.final)
@@ -344,17 +347,31 @@ def _console_copy(task: Task, scheduler: Scheduler) -> Path:
     return scheduler.home / "console" / f"{task.id}.log"
 
 
-async def _read_console(task: Task, scheduler: Scheduler, offset: int) -> bytes:
-    """From the job folder, read as the task's own account by its pool; else the reported copy.
+def _rank(task: Task, scheduler: Scheduler, rank: int) -> int:
+    """A rank of a task on several nodes whose console is asked for: one it has."""
+    resource = scheduler.estate.resources.get(task.resource)
+    nodes = resource.profile.nodes if resource is not None else 1
+    if rank >= nodes:
+        raise HTTPException(
+            400, f"task {task.id} runs on {nodes} node(s): ranks 0 to {nodes - 1} have consoles"
+        )
+    return rank
+
+
+async def _read_console(task: Task, scheduler: Scheduler, offset: int, rank: int = 0) -> bytes:
+    """From the job folder, read as the task's own account by its pool; else the reported copy
+    (rank 0's: the other ranks of a task on several nodes are read from the job folder only).
     The server never opens a file in a folder a user can write."""
     driver = scheduler.drivers.get(task.pool or "")
     if driver is not None and task.job_dir:
         try:
-            data = await driver.read_console(task, offset, _LOG_CHUNK)
+            data = await driver.read_console(task, offset, _LOG_CHUNK, rank)
         except KliqueError:
             data = None
         if data is not None:
             return data
+    if rank:
+        return b""
     try:
         with _console_copy(task, scheduler).open("rb") as f:
             f.seek(offset)

@@ -123,12 +123,16 @@ class PoolDriver(ABC):
         accounts.append(self.pool.settings.get("query_account"))  # type: ignore[arg-type]
         return next((str(a) for a in accounts if a), None)
 
-    async def read_console(self, task: Task, offset: int, limit: int) -> bytes | None:
-        """Up to `limit` bytes of the task's console from `offset`, read as its account."""
+    async def read_console(
+        self, task: Task, offset: int, limit: int, rank: int = 0
+    ) -> bytes | None:
+        """Up to `limit` bytes of the task's console from `offset`, read as its account (on
+        several nodes: rank N's console.rankN.log; rank 0's is console.log)."""
         if not task.job_dir:
             return None
+        name = f"console.rank{rank}.log" if rank else "console.log"
         return await self.transport.read_file(
-            f"{task.job_dir}/console.log", account=self.account(task), offset=offset, limit=limit
+            f"{task.job_dir}/{name}", account=self.account(task), offset=offset, limit=limit
         )
 
     @abstractmethod

@@ -17,6 +17,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
+from markupsafe import Markup
+
 from broker.containers import container_fields
 from broker.domain import Pool, Profile, Task, TaskState
 from broker.errors import KliqueError, SubmitError, SubmitUnknown, TransportError
@@ -70,6 +72,7 @@ def unreadable(native_id: str, problem: str) -> NativeStatus:
 class Capacity:
     free_gpus: float = 0.0
     free_cpus: int | None = None
+    free_nodes: int | None = None  # idle nodes (None: not counted)
 
 
 class BatchDriver(PoolDriver):
@@ -224,6 +227,7 @@ class BatchDriver(PoolDriver):
             "task_id": task.id,
             "tag": task.tag,
             "owner": task.owner,
+            "owner_email": _email(task.owner, self.context.estate.mail_domain),
             "account": self.pool.user_map.account_for(task.owner) or "",
             "project": task.spec.project,
             "resource": resource.name,
@@ -233,11 +237,18 @@ class BatchDriver(PoolDriver):
             "cpus": profile.cpus,
             "memory_mb": profile.memory_mb,
             "walltime_s": profile.walltime_s,
+            "nodes": profile.nodes,
+            "node_launch": self.node_launch(profile),
             "job_dir": job_dir,
             "python": self.python,
             **container_fields(self.pool, task, job_dir),
         }
         return render(self.template(resource.name), context, self.template_roots())
+
+    def node_launch(self, profile: Profile) -> Markup:
+        """For a task on several nodes: the command that starts one runner on each of them
+        (the scheduler's launcher, with validated numbers only); empty for one node."""
+        return Markup("")
 
     def template_roots(self) -> tuple[Path, ...]:
         return search_roots(self.context.estate.templates_dir)
@@ -257,8 +268,12 @@ class BatchDriver(PoolDriver):
         await self.stage_uv(account)
         job_dir = str(task.job_dir)
         script = self.render(task, job_dir)
+        document = self.task_document(task, report_token)
+        nodes = self.context.estate.resources[task.resource].profile.nodes
+        if nodes > 1:  # one runner per node (inside_job/ranks.py)
+            document["nodes"] = nodes
         files = {  # in a new folder of mode 700, owned by the account (Transport.write_files)
-            "task.json": (_json_bytes(self.task_document(task, report_token)), 0o600),
+            "task.json": (_json_bytes(document), 0o600),
             "klique-runner.pyz": (self._runner_bytes(), 0o600),
             "job.sh": (script.encode(), 0o700),
         }
@@ -312,6 +327,7 @@ class BatchDriver(PoolDriver):
             self.pool.name,
             free_gpus=self._capacity.free_gpus,
             free_cpus=self._capacity.free_cpus,
+            free_nodes=self._capacity.free_nodes,
             queued=waiting,
             reachable=not error,
             reason=error,
@@ -735,6 +751,11 @@ def _signalled(doc: Mapping[str, Any]) -> bool:
 
 def _json_bytes(doc: Mapping[str, Any]) -> bytes:
     return json.dumps(doc, indent=2).encode()
+
+
+def _email(owner: str, domain: str | None) -> str:
+    """The owner's mail address (a validated name at the estate's mail_domain), or ''."""
+    return f"{owner}@{domain}" if domain else ""
 
 
 def walltime_hms(seconds: int) -> str:

@@ -10,6 +10,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
+from markupsafe import Markup
+
 from broker.domain import Profile, Task, TaskState
 from broker.errors import SubmitError, TransportError
 from broker.pools.batch import BatchDriver, NativeStatus, unreadable
@@ -94,6 +96,8 @@ _SUBMITTED = re.compile(r"Job <(\d+)> is submitted")
 _NOTHING_FOUND = re.compile(r"^No (\w+ )?job found")
 # A bjobs that does not know an option it was given answers with its usage.
 _OPTION_REFUSED = re.compile(r"illegal option|invalid option|unknown option|^Usage:", re.I | re.M)
+
+
 # bsub reads '#BSUB' lines only from a script on its standard input (or with
 # LSB_BSUB_PARSE_SCRIPT=Y); the script's path reaches the shell as data, never as text.
 class LsfSettings(BatchSettings):
@@ -112,6 +116,10 @@ POOL_KIND = PoolKindSpec(
 )
 
 
+# blaunch(1) -z with the job's hosts: the odd words of LSB_MCPU_HOSTS ("host slots ...").
+_BLAUNCH = "blaunch -z \"$(printf '%s %s\\n' $LSB_MCPU_HOSTS | cut -d' ' -f1 | xargs)\""
+
+
 class LsfDriver(BatchDriver):
     kind = "lsf"
     STATES = LSF_ALL_STATES
@@ -125,9 +133,12 @@ class LsfDriver(BatchDriver):
             found.append(f"-q {settings['queue']}")
         if settings.get("account"):
             found.append(f"-P {settings['account']}")
+        # bsub(1) -n counts slots (CPUs); span[ptile=C] puts C of them on each host, so a task
+        # on several nodes has one host per node.
+        span = f"span[ptile={profile.cpus}]" if profile.nodes > 1 else "span[hosts=1]"
         found += [
-            f"-n {profile.cpus}",
-            '-R "span[hosts=1]"',
+            f"-n {profile.cpus * profile.nodes}",
+            f'-R "{span}"',
             # A unit on mem keeps the request independent of the site's LSF_UNIT_FOR_LIMITS.
             f'-R "rusage[mem={profile.memory_mb}MB]"',
         ]
@@ -136,6 +147,13 @@ class LsfDriver(BatchDriver):
             found.append(f'-gpu "num={gpus}"')
         found += [f"-W {run_limit_minutes(profile.walltime_s)}", f"-o {job_dir}/lsf-%J.out"]
         return found
+
+    def node_launch(self, profile: Profile) -> Markup:
+        """blaunch(1) -z HOSTS: one runner on each of the job's hosts, which LSB_MCPU_HOSTS
+        lists as `host slots host slots ...` (without -z, blaunch starts one per slot)."""
+        if profile.nodes <= 1:
+            return Markup("")
+        return Markup(_BLAUNCH)  # noqa: S704 - a constant
 
     # bsub(1) reads the script's #BSUB lines only from its stdin: `bsub < job.sh`.
     SUBMIT_STDIN = True

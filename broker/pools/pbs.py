@@ -9,6 +9,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
+from markupsafe import Markup
+
 from broker.domain import Pool, Profile, Task, TaskState
 from broker.errors import SubmitError, TransportError
 from broker.pools.base import Context, Observation
@@ -166,11 +168,22 @@ class PbsDriver(BatchDriver):
     def _resources(self, profile: Profile) -> list[str]:
         gpus = profile.whole_gpus
         memory = f"mem={profile.memory_mb}mb"
+        count = profile.nodes
         if self.dialect == "torque":
-            nodes = f"nodes=1:ppn={profile.cpus}" + (f":gpus={gpus}" if gpus else "")
+            nodes = f"nodes={count}:ppn={profile.cpus}" + (f":gpus={gpus}" if gpus else "")
             return [f"-l {nodes}", f"-l {memory}"]
-        chunk = f"select=1:ncpus={profile.cpus}" + (f":ngpus={gpus}" if gpus else "")
-        return [f"-l {chunk}:{memory}"]
+        chunk = f"select={count}:ncpus={profile.cpus}" + (f":ngpus={gpus}" if gpus else "")
+        # pbs_resources(7B) place=scatter: each chunk on a host of its own (one runner a node)
+        scatter = ["-l place=scatter"] if count > 1 else []
+        return [f"-l {chunk}:{memory}", *scatter]
+
+    def node_launch(self, profile: Profile) -> Markup:
+        """pbsdsh(1B): one runner on each of the job's nodes (Torque: -u, once per host
+        whatever its ppn; PBS Professional: once per chunk, which place=scatter puts on hosts
+        of their own)."""
+        if profile.nodes <= 1:
+            return Markup("")
+        return Markup("pbsdsh -u --" if self.dialect == "torque" else "pbsdsh --")  # noqa: S704
 
     def submit_argv(self, script: str) -> list[str]:
         return ["qsub", script]

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from markupsafe import Markup
 from pydantic import model_validator
 
 from broker.domain import Profile, Task, TaskState
@@ -204,13 +205,20 @@ class SlurmDriver(BatchDriver):
             if settings.get(key):
                 found.append(f"--{key}={settings[key]}")
         gpus = profile.whole_gpus
+        flag = str(settings.get("gpu_flag") or "gres")
+        if profile.nodes > 1:  # sbatch(1): one task a node, and what each node holds
+            found += [f"--nodes={profile.nodes}", "--ntasks-per-node=1"]
+            if flag == "gpus":  # --gpus is job-wide: every node's GPUs
+                gpus *= profile.nodes
         if gpus:
-            found.append(_GPU_DIRECTIVE[str(settings.get("gpu_flag") or "gres")].format(gpus))
+            found.append(_GPU_DIRECTIVE[flag].format(gpus))
         requeue = settings.get("requeue") or "slurm"
         found.append("--requeue" if requeue == "slurm" else "--no-requeue")
         found.append(f"--export={','.join(_EXPORTED)}")
         signal = self.context.estate.resources[task.resource].checkpoint_signal
-        if signal is not None:  # B: to the batch shell, which is the runner (it execs it)
+        if signal is not None and profile.nodes > 1:  # every step: the runners srun started
+            found.append(f"--signal={signal.signal}@{signal.before_s}")
+        elif signal is not None:  # B: to the batch shell, which is the runner (it execs it)
             found.append(f"--signal=B:{signal.signal}@{signal.before_s}")
         found += [
             f"--cpus-per-task={profile.cpus}",
@@ -219,6 +227,16 @@ class SlurmDriver(BatchDriver):
             f"--output={job_dir}/slurm-%j.out",
         ]
         return found
+
+    def node_launch(self, profile: Profile) -> Markup:
+        """srun(1): one runner on each node; --kill-on-bad-exit=1 ends the others when one
+        exits non-zero (the task then ends with that rank's reason)."""
+        if profile.nodes <= 1:
+            return Markup("")
+        return Markup(  # noqa: S704 - numbers only
+            f"srun --nodes={int(profile.nodes)} --ntasks-per-node=1 "
+            f"--cpus-per-task={int(profile.cpus)} --kill-on-bad-exit=1"
+        )
 
     def submit_argv(self, script: str) -> list[str]:
         return ["sbatch", "--parsable", script]
@@ -254,7 +272,7 @@ class SlurmDriver(BatchDriver):
         return ["scontrol", "release", native_id]
 
     def capacity_argv(self) -> list[str] | None:
-        argv = ["sinfo", "--noheader", "--Format=CPUsState:|,Gres:|,GresUsed:|"]
+        argv = ["sinfo", "--noheader", "--Format=CPUsState:|,Gres:|,GresUsed:|,NodeAIOT:|"]
         if self.pool.settings.get("partition"):
             argv.append(f"--partition={self.pool.settings['partition']}")
         return argv
@@ -367,9 +385,14 @@ def _exit(exit_code: str) -> int | None:
 
 
 def parse_sinfo(stdout: str) -> Capacity:
-    """`sinfo --Format=CPUsState:|,Gres:|,GresUsed:|`: A/I/O/T CPUs, gpu:N, gpu:N(IDX:...)."""
+    """`sinfo --Format=CPUsState:|,Gres:|,GresUsed:|,NodeAIOT:|`: A/I/O/T CPUs, gpu:N,
+    gpu:N(IDX:...), A/I/O/T nodes. sinfo(1) prints one line for the nodes that share every
+    field: the CPUs are summed over them, the GRES are each node's, so they count once a node;
+    the idle nodes are those a task on several nodes may start on (without the node counts, an
+    older capture: one node a line, none counted idle)."""
     idle_cpus = 0
     free_gpus = 0
+    idle_nodes: int | None = None
     for line in stdout.splitlines():
         parts = line.strip().split(_SEP)
         if len(parts) < 3:
@@ -377,8 +400,13 @@ def parse_sinfo(stdout: str) -> Capacity:
         cpus = parts[0].split("/")
         if len(cpus) == 4 and cpus[1].isdigit():
             idle_cpus += int(cpus[1])
-        free_gpus += max(0, _gpu_count(parts[1]) - _gpu_count(parts[2]))
-    return Capacity(free_gpus=float(free_gpus), free_cpus=idle_cpus)
+        nodes = parts[3].split("/") if len(parts) > 3 else []
+        counted = len(nodes) == 4 and all(n.isdigit() for n in nodes)
+        each = int(nodes[3]) if counted else 1
+        free_gpus += max(0, _gpu_count(parts[1]) - _gpu_count(parts[2])) * each
+        if counted:
+            idle_nodes = (idle_nodes or 0) + int(nodes[1])
+    return Capacity(free_gpus=float(free_gpus), free_cpus=idle_cpus, free_nodes=idle_nodes)
 
 
 def _gpu_count(gres: str) -> int:

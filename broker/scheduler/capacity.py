@@ -22,6 +22,7 @@ class Need:
     share: float = 0.0  # part of one GPU: a fraction, or GPU memory over the GPU's memory
     cpus: int = 1
     label: str = "no GPU"
+    nodes: int = 1  # on a queueing pool: gpus and cpus above count every node's
 
     @property
     def total(self) -> float:
@@ -36,6 +37,8 @@ def need_of(profile: Profile, pool: Pool) -> Need | str:
 
 
 def _host_need(profile: Profile, pool: Pool) -> Need | str:
+    if profile.nodes > 1:
+        return f"is one node, the task needs {profile.nodes} nodes (only batch pools span nodes)"
     if profile.gpu_memory_mb is not None:
         if pool.gpus <= 0:
             return "has no GPUs"
@@ -60,8 +63,16 @@ def _host_need(profile: Profile, pool: Pool) -> Need | str:
 
 
 def _queue_need(profile: Profile) -> Need:
-    # A batch scheduler allocates whole GPUs: counted as the script asks for them.
+    # A batch scheduler allocates whole GPUs: counted as the script asks for them, per node.
     whole = profile.whole_gpus
+    if profile.nodes > 1:
+        label = f"{profile.nodes} nodes of {_gpus(whole)}" if whole else f"{profile.nodes} nodes"
+        return Need(
+            gpus=whole * profile.nodes,
+            cpus=profile.cpus * profile.nodes,
+            label=label,
+            nodes=profile.nodes,
+        )
     return Need(gpus=whole, cpus=profile.cpus, label=_gpus(whole))
 
 
@@ -108,9 +119,12 @@ class QueueModel(PoolModel):
     free_cpus: int | None = None
     free_slots: int | None = None
     queued: int = 0
+    free_nodes: int | None = None  # idle nodes, where the pool counts them
 
     def _take(self, need: Need) -> Alloc | None:
         if self._starts_now(need):
+            if self.free_nodes is not None and need.nodes > 1:
+                self.free_nodes -= need.nodes
             self.free_gpus -= need.total
             if self.free_cpus is not None:
                 self.free_cpus -= need.cpus
@@ -124,6 +138,8 @@ class QueueModel(PoolModel):
 
     def _starts_now(self, need: Need) -> bool:
         if self.free_slots is not None and self.free_slots < 1:
+            return False
+        if need.nodes > 1 and self.free_nodes is not None and self.free_nodes < need.nodes:
             return False
         if self.free_cpus is not None and self.free_cpus < need.cpus:
             return False
@@ -142,6 +158,8 @@ class QueueModel(PoolModel):
     def _short_of(self, need: Need) -> str:
         if self.free_slots is not None and self.free_slots < 1:
             return "no free slot"
+        if need.nodes > 1 and self.free_nodes is not None and self.free_nodes < need.nodes:
+            return f"needs {need.nodes} nodes, {self.free_nodes} idle"
         if self.free_cpus is not None and self.free_cpus < need.cpus:
             return f"needs {need.cpus} CPUs, {self.free_cpus} free"
         if need.total <= 0:
@@ -311,6 +329,7 @@ def _queue_model(
         free_cpus=state.free_cpus,
         free_slots=state.free_slots,
         queued=max(state.queued, waiting),
+        free_nodes=state.free_nodes,
     )
 
 

@@ -70,6 +70,7 @@ class PoolState:
     reachable: bool = True
     reason: str = ""
     last_good: float | None = None  # wall-clock time of the pool's last good answer
+    free_nodes: int | None = None  # queueing pools: idle nodes, where the pool counts them
 
 
 @dataclass(frozen=True)

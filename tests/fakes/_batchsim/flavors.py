@@ -26,6 +26,8 @@ import os
 import signal
 import time
 
+from .state import job_hosts
+
 KILL_SEQUENCE = {
     ("pbspro", "cancel"): [signal.SIGTERM, signal.SIGKILL],
     ("pbspro", "walltime"): [signal.SIGTERM, signal.SIGKILL],
@@ -118,15 +120,16 @@ def _torque_env(job: dict, cfg: dict, files: dict) -> dict:
 
 
 def _lsf_env(job: dict, cfg: dict, files: dict) -> dict:
-    host, slots = cfg["host"], job["ncpus"]
+    slots = job["ncpus"]
+    given = host_slots(job, cfg)
     env = {
         "LSB_JOBID": str(job["id"]),
         "LSB_BATCH_JID": str(job["id"]),
         "LSB_JOBINDEX": "0",
         "LSB_JOBNAME": job["name"],
         "LSB_QUEUE": job["queue"],
-        "LSB_HOSTS": " ".join([host] * slots),
-        "LSB_MCPU_HOSTS": f"{host} {slots}",
+        "LSB_HOSTS": " ".join(host for host, count in given for _ in range(count)),
+        "LSB_MCPU_HOSTS": " ".join(f"{host} {count}" for host, count in given),
         "LSB_DJOB_NUMPROC": str(slots),
         "LSB_MAX_NUM_PROCESSORS": str(slots),
         "LSB_DJOB_HOSTFILE": files["nodefile"],
@@ -160,9 +163,36 @@ def runtime_env(job: dict, cfg: dict, files: dict) -> dict:
 
 def node_lines(job: dict, cfg: dict) -> list[str]:
     """$PBS_NODEFILE: one line per MPI rank (PBS Pro: per chunk's mpiprocs, default 1;
-    Torque: per ppn); $LSB_DJOB_HOSTFILE: one line per slot."""
-    count = job["native"].get("mpiprocs", 1) if job["flavor"] == "pbspro" else job["ncpus"]
-    return [cfg["host"]] * max(1, count)
+    Torque: per ppn), host by host; $LSB_DJOB_HOSTFILE: one line per slot."""
+    return [host for host, count in host_slots(job, cfg) for _ in range(count)]
+
+
+def host_slots(job: dict, cfg: dict) -> list[tuple[str, int]]:
+    """Each host the job was given, with its lines in the node file (LSF: its slots)."""
+    hosts = job_hosts(job, cfg)
+    if job["flavor"] == "pbspro":
+        total = job["native"].get("mpiprocs", 1)
+    elif job["flavor"] == "torque":
+        total = job["ncpus"]
+    else:  # LSF: span[ptile=K] fills each host with K slots, the last with the rest
+        ptile = job["native"].get("ptile") or job["ncpus"]
+        left = job["ncpus"]
+        found = []
+        for host in hosts:
+            found.append((host, min(ptile, left)))
+            left -= ptile
+        return found
+    each = max(1, total // len(hosts))
+    return [(host, each) for host in hosts]
+
+
+def with_commands(path: str | None, job: dict) -> str:
+    """The job's PATH with the scheduler's own commands at its end (pbsdsh, blaunch), as an
+    execution host has them (PBS_EXEC/bin, LSF_BINDIR)."""
+    folder = os.path.join(
+        os.path.dirname(os.path.dirname(os.path.abspath(__file__))), job["flavor"]
+    )
+    return f"{path}:{folder}" if path else folder
 
 
 def walltime_note(job: dict, now: float) -> str | None:

@@ -16,7 +16,7 @@ import re
 import sys
 
 from .common import CommandError, fail, invoking_user, parse_size, scan_directives
-from .state import Sim, allocate_id, beyond_host, new_job
+from .state import Sim, allocate_id, beyond_host, host_names, new_job
 from .supervisor import ensure_supervisor
 
 WITH_VALUE = {
@@ -262,7 +262,9 @@ def submit(argv: list[str]) -> tuple[Sim, int, str, bool]:
             append="-oo" not in settings,
             held="-H" in settings,
         )
-        if beyond_host(job, cfg):
+        ptile = _ptile(settings["-R"])
+        hosts = -(-slots // ptile) if ptile else 1
+        if beyond_host(job, cfg) or hosts > len(host_names(cfg)):
             raise CommandError(
                 "Too many processors requested. Job not submitted."
                 if job["ncpus"] > cfg["cpus"]
@@ -278,6 +280,8 @@ def submit(argv: list[str]) -> tuple[Sim, int, str, bool]:
             "runlimit_minutes": (walltime / cfg["lsf_minute"]) if walltime else None,
             "resreq": " ".join(settings["-R"]),
             "gpu": settings.get("-gpu"),
+            "hosts": hosts,
+            "ptile": ptile or slots,
         }
         job["argv"] = _job_argv(sim.job_dir(seq), command, text, line)
         _store(
@@ -316,3 +320,13 @@ def _store(job_dir: str, script: str, env: dict) -> None:
     with open(path, "w") as handle:
         json.dump(env, handle)
     os.chmod(path, 0o666)
+
+
+def _ptile(requirements: list[str]) -> int | None:
+    """bsub -R "span[ptile=K]": K slots on each host, so -n N takes ceil(N/K) hosts (IBM
+    Spectrum LSF 10.1, "Specify span string"); span[hosts=1] and no span: one host."""
+    for text in requirements:
+        found = re.search(r"span\[ptile=(\d+)\]", text)
+        if found and int(found.group(1)) > 0:
+            return int(found.group(1))
+    return None

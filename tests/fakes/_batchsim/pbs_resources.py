@@ -224,3 +224,15 @@ def torque_request(resources: dict) -> dict:
         "ppn": ppn,
         "resource_list": dict(sorted(listing.items())),
     }
+
+
+def hosts_wanted(flavor: str, resources: dict, request: dict) -> int:
+    """How many execution hosts a job takes. PBS Professional, pbs_resources(7B) "place":
+    scatter (and vscatter) put each chunk on a host of its own; pack and free (the defaults)
+    may put every chunk on one host, which the simulator does. Torque: nodes=N is N hosts."""
+    if flavor == "torque":
+        return int(request.get("nodes", 1))
+    arrangement = str(resources.get("place", "")).split(":")[0]
+    if arrangement in ("scatter", "vscatter"):
+        return int(request["resource_list"]["nodect"])
+    return 1

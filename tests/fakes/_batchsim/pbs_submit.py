@@ -17,7 +17,7 @@ import sys
 
 from . import pbs_resources
 from .common import CommandError, fail, invoking_user, scan_directives, short_host
-from .state import Sim, allocate_id, beyond_host, new_job
+from .state import Sim, allocate_id, beyond_host, host_names, new_job
 from .supervisor import ensure_supervisor
 
 WITH_VALUE = {"pbspro": set("aAcCeJjklmMNopPqrRSuvW"), "torque": set("aAbcCdDeFjklmMNopPqrSutvwW")}
@@ -246,7 +246,8 @@ def submit(flavor: str, argv: list[str]) -> tuple[Sim, str]:
             append=False,
             held=bool(settings.get("h")),
         )
-        limit = beyond_host(job, cfg)
+        hosts = pbs_resources.hosts_wanted(flavor, resources, request)
+        limit = beyond_host(job, cfg) or hosts > len(host_names(cfg))
         if limit:
             if flavor == "torque":
                 raise CommandError(
@@ -260,6 +261,7 @@ def submit(flavor: str, argv: list[str]) -> tuple[Sim, str]:
         job["native"] = {
             "resource_list": request["resource_list"],
             "mpiprocs": request.get("mpiprocs", 1),
+            "hosts": hosts,
             "nodes": request.get("nodes", 1),
             "ppn": request.get("ppn", 1),
             "submit_args": shlex.join(argv),

@@ -76,6 +76,8 @@ def _config_from_env() -> dict:
         found["server"] = env["KLIQUE_SIM_SERVER"]
     if env.get("KLIQUE_SIM_HOST"):
         found["host"] = env["KLIQUE_SIM_HOST"]
+    if env.get("KLIQUE_SIM_NODES"):
+        found["nodes"] = env_int("KLIQUE_SIM_NODES", 1)
     return found
 
 
@@ -92,6 +94,7 @@ def default_config(flavor: str) -> dict:
         "server": host,
         "host": host,
         "cluster": "klique_cluster",
+        "nodes": 1,
         "pbs_version": PBS_VERSION,
         **VENDOR_DEFAULTS[flavor],
     }
@@ -254,6 +257,18 @@ def finish(job: dict, now: float, returncode: int | None) -> None:
         job.update(exit_code=None, signal=-returncode)
     else:
         job.update(exit_code=returncode, signal=None)
+
+
+def host_names(cfg: dict) -> list[str]:
+    """The execution hosts: the one host, or KLIQUE_SIM_NODES hosts <host>-1..<host>-N, all
+    on this machine (a job on several of them runs one process per host it was given)."""
+    count = cfg.get("nodes", 1)
+    return [cfg["host"]] if count <= 1 else [f"{cfg['host']}-{i}" for i in range(1, count + 1)]
+
+
+def job_hosts(job: dict, cfg: dict) -> list[str]:
+    """The hosts a job was given: the first `hosts` (native) execution hosts, else the one."""
+    return host_names(cfg)[: job["native"].get("hosts", 1)] or [cfg["host"]]
 
 
 def beyond_host(job: dict, cfg: dict) -> list | None:

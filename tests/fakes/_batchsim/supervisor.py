@@ -182,6 +182,7 @@ class Supervisor:
         with open(os.path.join(job_dir, "env.json")) as handle:
             env = json.load(handle)
         env.update(flavors.runtime_env(job, cfg, files))
+        env["PATH"] = flavors.with_commands(env.get("PATH"), job)
         out, err = _open_outputs(job)
         job.update(launch_time=now, daemon_pid=os.getpid())
         try:
