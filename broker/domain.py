@@ -189,6 +189,7 @@ class Pool:
     name: str
     kind: str  # a registered pool kind (broker/pools/registry.py): host, slurm, pbs, lsf, ...
     queueing: bool = False  # has a scheduler queue of its own, rather than fixed slots
+    spans_nodes: bool = False  # one task may hold several nodes (batch schedulers)
     user_map: UserMap = field(default_factory=UserMap)
     slots: int = 1  # host pools: concurrent tasks
     gpus: int = 0  # host pools: GPUs on the host

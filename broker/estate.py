@@ -471,6 +471,7 @@ def _build_pool(name: str, p: PoolSettings) -> Pool:
         name=name,
         kind=p.kind,
         queueing=kinds()[p.kind].queueing,
+        spans_nodes=kinds()[p.kind].spans_nodes,
         user_map=_user_map(p),
         slots=settings.pop("slots", 1),
         gpus=settings.pop("gpus", 0),

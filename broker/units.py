@@ -48,8 +48,6 @@ SecondsOrZero = Annotated[int, BeforeValidator(parse_duration_s), Field(ge=0)]
 Name = Annotated[str, Field(pattern=NAME)]
 
 
-
-
 class Strict(BaseModel):
     """A section of the estate file: unknown keys are errors (a typo never passes silently)."""
 

@@ -380,7 +380,9 @@ class KubernetesDriver(PoolDriver):
     async def preempt(self, task: Task) -> None:
         await self.cancel(task)  # the pod's end (deleted, while preempted) requeues the task
 
-    async def read_console(self, task: Task, offset: int, limit: int) -> bytes | None:
+    async def read_console(
+        self, task: Task, offset: int, limit: int, rank: int = 0
+    ) -> bytes | None:
         return None  # the runner reports its console over HTTP; the server keeps that copy
 
     # Following the pods: one list, then one watch from its resourceVersion.

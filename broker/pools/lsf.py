@@ -112,6 +112,7 @@ POOL_KIND = PoolKindSpec(
     settings=LsfSettings,
     driver="broker.pools.lsf:LsfDriver",
     queueing=True,
+    spans_nodes=True,
     summary="an IBM Spectrum LSF queue: bsub, one bjobs per cycle, bkill",
 )
 

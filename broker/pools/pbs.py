@@ -128,6 +128,7 @@ POOL_KIND = PoolKindSpec(
     settings=PbsSettings,
     driver="broker.pools.pbs:PbsDriver",
     queueing=True,
+    spans_nodes=True,
     summary="a PBS Professional or Torque queue: qsub, one qstat per cycle, qdel",
 )
 

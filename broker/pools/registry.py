@@ -24,6 +24,7 @@ class PoolKindSpec:
     driver: str  # "module:Class", imported when a pool of this kind starts
     queueing: bool  # a scheduler queue of its own (batch), rather than fixed slots
     summary: str  # one line for errors and docs
+    spans_nodes: bool = False  # one task may hold several nodes (batch schedulers)
 
     def driver_class(self) -> type[PoolDriver]:
         module, _, name = self.driver.partition(":")

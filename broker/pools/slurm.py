@@ -132,6 +132,7 @@ POOL_KIND = PoolKindSpec(
     settings=SlurmSettings,
     driver="broker.pools.slurm:SlurmDriver",
     queueing=True,
+    spans_nodes=True,
     summary="a Slurm partition: sbatch, one squeue per cycle, sacct, sinfo",
 )
 

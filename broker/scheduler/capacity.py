@@ -31,14 +31,15 @@ class Need:
 
 def need_of(profile: Profile, pool: Pool) -> Need | str:
     """The need in `pool`'s units, or why a task of this profile can never start there."""
+    if profile.nodes > 1 and not pool.spans_nodes:
+        wanted = profile.nodes
+        return f"runs a task on one node, the task needs {wanted} (only batch pools span nodes)"
     if pool.queueing:
         return _queue_need(profile)
     return _host_need(profile, pool)
 
 
 def _host_need(profile: Profile, pool: Pool) -> Need | str:
-    if profile.nodes > 1:
-        return f"is one node, the task needs {profile.nodes} nodes (only batch pools span nodes)"
     if profile.gpu_memory_mb is not None:
         if pool.gpus <= 0:
             return "has no GPUs"

@@ -11,8 +11,7 @@ from broker.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 BAD = (
-    "resources:\n  cpu:\n    profile: {pools: [local], cpus: many}\n"
-    "pools:\n  local: {kind: host}\n"
+    "resources:\n  cpu:\n    profile: {pools: [local], cpus: many}\npools:\n  local: {kind: host}\n"
 )
 
 
@@ -40,8 +39,13 @@ def test_the_server_refuses_to_start_on_an_invalid_estate(tmp_path):
     path = tmp_path / "estate.yaml"
     path.write_text(BAD)
     env = {**os.environ, "KLIQUE_HOME": str(tmp_path / "home")}
-    done = subprocess.run([sys.executable, "-m", "broker", "server", "--estate", str(path),
-                           "--port", "9"], env=env, capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "broker", "server", "--estate", str(path), "--port", "9"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2
     assert f"{path}:3: resources.cpu.profile.cpus:" in done.stderr
     assert not (tmp_path / "home" / "klique.db").exists()

@@ -22,7 +22,9 @@ def host(name: str, gpus: int = 4, slots: int = 8, memory: int = 80_000) -> Pool
 
 
 def slurm(name: str, max_queued: int = 10, max_wait_s: int | None = None) -> Pool:
-    return Pool(name, "slurm", queueing=True, max_queued=max_queued, max_wait_s=max_wait_s)
+    return Pool(
+        name, "slurm", queueing=True, spans_nodes=True, max_queued=max_queued, max_wait_s=max_wait_s
+    )
 
 
 def resource(name: str, *pools: str, **profile: Any) -> ComputeResource:

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from test_placement import cycle, estate, host, queued, resource, slurm
 
+from broker.domain import Pool
 from broker.errors import EstateError
 from broker.estate import load_estate, parse_estate
 from broker.pools.base import Context
@@ -215,9 +216,10 @@ def test_a_rank_without_an_exit_file_fails_the_task(tmp_path):
 
 
 def test_a_task_on_several_nodes_waits_for_idle_nodes_and_never_goes_to_a_host_pool():
+    pods = Pool("pods", "kubernetes", queueing=True)  # a queue, but a pod is on one node
     the_estate = estate(
-        [host("box"), slurm("hpc", max_queued=0)],
-        [resource("pair", "box", "hpc", gpus=1, nodes=2)],
+        [host("box"), pods, slurm("hpc", max_queued=0)],
+        [resource("pair", "box", "pods", "hpc", gpus=1, nodes=2)],
     )
     out = cycle(
         the_estate,
@@ -225,7 +227,8 @@ def test_a_task_on_several_nodes_waits_for_idle_nodes_and_never_goes_to_a_host_p
         hpc=PoolState("hpc", free_gpus=8, free_cpus=64, free_nodes=1),
     )
     assert out.pending[1].pools == {
-        "box": "is one node, the task needs 2 nodes (only batch pools span nodes)",
+        "box": "runs a task on one node, the task needs 2 (only batch pools span nodes)",
+        "pods": "runs a task on one node, the task needs 2 (only batch pools span nodes)",
         "hpc": "needs 2 nodes, 1 idle; at max_queued (0)",
     }
     out = cycle(
