@@ -160,7 +160,7 @@ class Store(RecordMethods):
         packages, inputs, cache key) and, for a task that runs locally, its pool."""
         transition(TaskState.CREATED, state)
         now = time.time()
-        row = _new_row(spec, owner, team, gpus, state, reason, record or {}, now)
+        row = TaskRow(**_row_values(spec, owner, team, gpus, state, reason, record or {}, now))
         with self._tx() as session:
             session.add(row)
             session.flush()
@@ -536,19 +536,6 @@ def _field_values(fields: dict[str, Any]) -> dict[str, Any]:
             value = json.dumps(value)
         stored[name] = value
     return stored
-
-
-def _new_row(
-    spec: TaskSpec,
-    owner: str,
-    team: str | None,
-    gpus: float,
-    state: TaskState,
-    reason: str,
-    record: dict[str, Any],
-    now: float,
-) -> TaskRow:
-    return TaskRow(**_row_values(spec, owner, team, gpus, state, reason, record, now))
 
 
 def _row_values(

@@ -214,3 +214,28 @@ def test_a_sweep_of_twenty_tasks_completes_on_the_slurm_pool(slurm: Server, tmp_
     rows = json.loads(slurm.cli("ls", "--sweep", sweep, "--json", token=token).output)
     assert [r["state"] for r in rows] == ["completed"] * 20
     assert {r["pool"] for r in rows} == {"batch"}
+
+
+def test_the_sdk_makes_a_sweep_and_cancels_it(server, tokens, monkeypatch):
+    import klique
+
+    monkeypatch.setenv("KLIQUE_API", server.url)
+    monkeypatch.setenv("KLIQUE_TOKEN", tokens["alice"])
+    runs = [
+        {"command": [TASK_PY, "-c", "import time; time.sleep(300)", f"--lr={lr}"],
+         "parameters": {"lr": lr}}
+        for lr in (0.1, 0.01)
+    ]  # fmt: skip
+    made = klique.sweep(runs, resource="cpu", name="sdk")
+    assert len(made.task_ids) == 2
+    tasks = [server.task(i, tokens["alice"]) for i in made.task_ids]
+    assert [(t["sweep"], t["parameters"]) for t in tasks] == [
+        (made.id, {"lr": 0.1}),
+        (made.id, {"lr": 0.01}),
+    ]
+    assert sum(made.states().values()) == 2
+    made.cancel()
+    for task_id in made.task_ids:
+        assert server.wait_state(task_id, token=tokens["alice"])["state"] == "cancelled"
+    with pytest.raises(klique.KliqueError, match="run 0 needs a command"):
+        klique.sweep([{"argv": ["true"]}])
