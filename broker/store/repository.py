@@ -239,7 +239,7 @@ class Store(RecordMethods):
                 where = query if chunk is None else query.where(TaskRow.id.in_(chunk))
                 found.extend(
                     QueuedRow(i, o, t, r, q, _skipped(skip), a)
-                    for i, o, t, r, q, skip, a in session.execute(where).tuples()
+                    for i, o, t, r, q, skip, a in session.execute(where)
                 )
         return found
 
@@ -250,7 +250,7 @@ class Store(RecordMethods):
             if row is None:
                 raise NotFound(f"no sweep {sweep_id}")
             query = select(TaskRow.state, func.count()).where(TaskRow.sweep_id == sweep_id)
-            states = session.execute(query.group_by(TaskRow.state)).tuples()
+            states = session.execute(query.group_by(TaskRow.state))
             return {
                 "id": row.id,
                 "owner": row.owner,
