@@ -117,6 +117,9 @@ def test_a_sweep_file_through_the_cli_fills_each_argument(server, tokens, tmp_pa
         assert server.wait_state(task["id"], token=token)["state"] == "completed"
     logs = server.cli("logs", str(made["tasks"][1]["id"]), token=token)
     assert logs.output == "lr=a b; rm -rf /\n"  # one argument, never a shell's words
+    shown = server.cli("show", str(made["tasks"][1]["id"]), token=token).output
+    assert f"sweep:      {sweep} (klique ls --sweep {sweep})" in shown
+    assert 'lr = "a b; rm -rf /"' in shown
 
 
 def test_a_missing_key_names_its_line_and_makes_nothing(server, tokens, tmp_path):
