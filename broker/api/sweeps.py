@@ -113,9 +113,9 @@ async def cancel_sweep(sweep_id: SweepId, request: Request, who: Auth) -> SweepO
     )
     done = {t.id for t in ended}
     for task in live:
-        if task.id not in done:
+        if task.id not in done:  # in a pool: its agent stops it (and a queued one made nothing)
             await scheduler.cancel(task, wait_s=0)
-        await cancel_steps(scheduler, task.id)
+            await cancel_steps(scheduler, task.id)
     scheduler.wake()
     return SweepOut(**await asyncio.to_thread(scheduler.store.sweep, sweep_id))
 
@@ -127,7 +127,7 @@ def _own_sweep(scheduler: Scheduler, sweep_id: int, who: Caller) -> dict[str, An
     except NotFound:
         sweep = None
     if sweep is None or (sweep["owner"] != who.user and not who.admin):
-        raise NotFound(f"no sweep {sweep_id} of yours; `klique ls` shows each task's sweep")
+        raise NotFound(f"no sweep {sweep_id} of yours; `klique show ID` names a task's sweep")
     return sweep
 
 
@@ -154,7 +154,7 @@ def _create(
 def _checked(
     scheduler: Scheduler, who: Caller, items: list[BatchItem]
 ) -> list[tuple[TaskSpec, float, dict[str, Any]]]:
-    """Every item's spec, GPUs and record, or one error that names the items that fail."""
+    """Every item's spec, GPUs and parameters, or one error that names the items that fail."""
     estate = scheduler.estate
     made: list[tuple[TaskSpec, float, dict[str, Any]]] = []
     errors: list[tuple[int, str]] = []
