@@ -124,6 +124,19 @@ def login(token: str | None, sso: bool, ldap_user: str | None, api: str | None) 
 @click.option("--args", "script_args", metavar="ARGS", help="The script's arguments, as one line.")
 @click.option("--clone", type=int, metavar="ID", help="A copy of task ID (same code, packages).")
 @click.option("--param", "params", multiple=True, metavar="K=V", help="With --clone: a parameter.")
+@click.option(
+    "--sweep",
+    "sweep_file",
+    type=click.Path(exists=True, dir_okay=False),
+    help="A JSON-lines file: one task per line, its keys fill {KEY} in the command and name.",
+)
+@click.option(
+    "--grid",
+    "grid",
+    multiple=True,
+    metavar="KEY=V1,V2",
+    help="One task per combination of the grids' values (with --sweep: per line and combination).",
+)
 @click.option("--wait", is_flag=True, help="Wait for the task to end; exit with its status.")
 @click.option("--json", "as_json", is_flag=True, help="Print the task as JSON.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
@@ -144,6 +157,8 @@ def submit(
     script_args: str | None,
     clone: int | None,
     params: tuple[str, ...],
+    sweep_file: str | None,
+    grid: tuple[str, ...],
     wait: bool,
     as_json: bool,
     command: tuple[str, ...],
@@ -151,8 +166,14 @@ def submit(
     """Submit COMMAND as a task: klique submit [OPTIONS] -- CMD ARGS...
 
     Or a script of a repository that is not checked out (--repo URL --branch B --script PATH
-    --args ...), or a copy of an earlier task with edited parameters (--clone ID --param K=V)."""
+    --args ...), or a copy of an earlier task with edited parameters (--clone ID --param K=V).
+
+    A sweep: one task per line of --sweep FILE and per combination of --grid KEY=V1,V2; their
+    values fill the {KEY} placeholders of each argument (never a shell string)."""
     client = Client()
+    sweeping = sweep_file is not None or bool(grid)
+    if sweeping and clone is not None:
+        raise click.UsageError("--sweep and --grid make new tasks: they do not go with --clone")
     if clone is not None:
         task = client.post(
             f"/sdk/tasks/{clone}/clone",
@@ -180,6 +201,9 @@ def submit(
             "image": image,
             "code": code.__dict__ if code else None,
         }
+        if sweeping:
+            cli_submit.submit_sweep(client, body, sweep_file, grid, as_json, wait)
+            return
         task = client.post("/tasks", body)
     if as_json:
         click.echo(json.dumps(task, indent=2))
@@ -221,14 +245,25 @@ TASK_COLUMNS = [
 @click.option("--all", "all_users", is_flag=True, help="Everyone's tasks (admin).")
 @click.option("--limit", default=50, show_default=True, help="At most this many (up to 1000).")
 @click.option("--before", type=int, help="Only tasks older than this id (the next page).")
+@click.option("--sweep", type=int, metavar="ID", help="Only the tasks of sweep ID.")
 @json_option
 def list_tasks(
-    state: str | None, all_users: bool, limit: int, before: int | None, as_json: bool
+    state: str | None,
+    all_users: bool,
+    limit: int,
+    before: int | None,
+    sweep: int | None,
+    as_json: bool,
 ) -> None:
     """List your tasks, newest first, a page at a time."""
-    rows = Client().get(
-        "/tasks", state=state, all_users=all_users or None, limit=limit, before=before
-    )
+    if sweep is not None:
+        if state or all_users:
+            raise click.UsageError("--sweep lists all of a sweep's tasks: no --state or --all")
+        rows = Client().get(f"/sweeps/{sweep}/tasks", limit=limit, before=before)
+    else:
+        rows = Client().get(
+            "/tasks", state=state, all_users=all_users or None, limit=limit, before=before
+        )
     listing(rows, as_json, TASK_COLUMNS)
 
 
@@ -316,10 +351,19 @@ def follow_logs(
 
 
 @main.command()
-@click.argument("task_ids", type=int, nargs=-1, required=True)
-def cancel(task_ids: tuple[int, ...]) -> None:
-    """Cancel tasks, queued or running."""
+@click.argument("task_ids", type=int, nargs=-1)
+@click.option("--sweep", type=int, metavar="ID", help="Cancel every task of sweep ID.")
+def cancel(task_ids: tuple[int, ...], sweep: int | None) -> None:
+    """Cancel tasks, queued or running (or all of a sweep's)."""
     client = Client()
+    if sweep is not None:
+        if task_ids:
+            raise click.UsageError("give task ids or --sweep ID, not both")
+        states = client.post(f"/sweeps/{sweep}/cancel")["states"]
+        click.echo(f"sweep {sweep}: " + ", ".join(f"{n} {s}" for s, n in sorted(states.items())))
+        return
+    if not task_ids:
+        raise click.UsageError("give the ids of the tasks to cancel, or --sweep ID")
     for task_id in task_ids:
         task = client.post(f"/tasks/{task_id}/cancel")
         click.echo(f"task {task['id']} {task['state']}")

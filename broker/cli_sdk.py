@@ -116,6 +116,8 @@ def show_record(task: dict[str, Any]) -> None:
         click.echo(f"{'origin:':11} {task['origin']}")
     if task.get("parent"):
         click.echo(f"{'pipeline:':11} {task['parent']}")
+    if task.get("sweep"):
+        click.echo(f"{'sweep:':11} {task['sweep']} (klique ls --sweep {task['sweep']})")
     if task.get("parameters"):
         click.echo("parameters:")
         for key, value in task["parameters"].items():

@@ -6,6 +6,8 @@ from __future__ import annotations
 import contextlib
 import json
 import shlex
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -54,3 +56,48 @@ def requirement_lines(path: str | None) -> list[str]:
         return []
     lines = (line.split("#", 1)[0].strip() for line in Path(path).read_text().splitlines())
     return [line for line in lines if line]
+
+
+def submit_sweep(
+    client: Any,
+    body: dict[str, Any],
+    sweep_file: str | None,
+    grid_items: tuple[str, ...],
+    as_json: bool,
+    wait: bool,
+) -> None:
+    """One task per set of parameters, made together as one sweep (all or none)."""
+    from broker import sweeps
+
+    lines = sweeps.read_lines(Path(sweep_file)) if sweep_file else []
+    points = sweeps.combine(lines, sweeps.grid(grid_items))
+    tasks = [
+        dict(
+            body,
+            command=[sweeps.fill(arg, params, where) for arg in body["command"]],
+            name=sweeps.fill(body["name"], params, where),
+            parameters=params,
+        )
+        for where, params in points
+    ]
+    name = Path(sweep_file).name if sweep_file else " ".join(grid_items)
+    made = client.post("/sweeps", {"name": name[:200], "tasks": tasks})
+    ids = [t["id"] for t in made["tasks"]]
+    if as_json:
+        click.echo(json.dumps(made, indent=2))
+    else:
+        click.echo(f"sweep {made['sweep']}: {len(ids)} tasks queued (ids {ids[0]}-{ids[-1]})")
+    if wait:
+        sys.exit(wait_sweep(client, int(made["sweep"])))
+
+
+def wait_sweep(client: Any, sweep: int, poll_s: float = 0.5) -> int:
+    """Wait until every task of the sweep has ended; 0 if all completed, else 1."""
+    final = {"completed", "failed", "cancelled", "timeout", "lost"}
+    while True:
+        states: dict[str, int] = client.get(f"/sweeps/{sweep}")["states"]
+        if set(states) <= final:
+            break
+        time.sleep(poll_s)
+    click.echo(f"sweep {sweep}: " + ", ".join(f"{n} {s}" for s, n in sorted(states.items())))
+    return 0 if set(states) == {"completed"} else 1

@@ -228,6 +228,7 @@ class Limits:
 
     max_request_bytes: int = 32 * 1024 * 1024
     max_diff_bytes: int = 16 * 1024 * 1024
+    max_batch: int = 10_000  # tasks in one request (a sweep, a batch)
 
 
 @dataclass(frozen=True)
@@ -355,6 +356,7 @@ class Task:
     inputs: tuple[tuple[int, str], ...] = ()  # artifacts (task, name) it was created to read
     cache_key: str | None = None
     intent: str | None = None  # asked of the pool's agent: "cancel" or "withdraw"
+    sweep: int | None = None  # the sweep it was made in, with others
     created_at: float = 0.0
     queued_at: float | None = None
     submitted_at: float | None = None

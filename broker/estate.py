@@ -103,6 +103,7 @@ class ArtifactsFile(Strict):
 class LimitsFile(Strict):
     max_request: SizeMB = 32  # MiB
     max_diff: SizeMB = 16  # MiB
+    max_batch: int = Field(10_000, ge=1, le=1_000_000)  # tasks in one request
 
 
 class AppsFile(Strict):
@@ -432,6 +433,7 @@ def _build(model: EstateFile, pools: dict[str, PoolSettings], source: str) -> Es
         limits=Limits(
             max_request_bytes=model.limits.max_request * 1024 * 1024,
             max_diff_bytes=model.limits.max_diff * 1024 * 1024,
+            max_batch=model.limits.max_batch,
         ),
         artifacts=ArtifactSettings(
             store=model.artifacts.store, max_bytes=model.artifacts.max_size * 1024 * 1024

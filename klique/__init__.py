@@ -12,6 +12,17 @@ Standard library only (Python 3.8+): it runs inside every job, shipped in the ru
 from klique._api import KliqueError
 from klique.artifacts import Artifact, File
 from klique.pipeline import PipelineFailed, pipeline, step
+from klique.sweep import Sweep, sweep
 from klique.task import Task
 
-__all__ = ["Artifact", "File", "KliqueError", "PipelineFailed", "Task", "pipeline", "step"]
+__all__ = [
+    "Artifact",
+    "File",
+    "KliqueError",
+    "PipelineFailed",
+    "Sweep",
+    "Task",
+    "pipeline",
+    "step",
+    "sweep",
+]

@@ -10,10 +10,10 @@ from fastapi import Path as PathParam
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
-from broker.api import artifacts, sdk
+from broker.api import artifacts, sdk, sweeps
 from broker.api.agents import agent_router
 from broker.api.auth import Auth, Caller, bearer, owned_task, report_token_valid
-from broker.api.create import new_task
+from broker.api.create import new_task, spec_of
 from broker.api.identity import identity_router
 from broker.api.limits import BodyLimit
 from broker.api.schemas import (
@@ -31,7 +31,7 @@ from broker.api.schemas import (
     WhyOut,
 )
 from broker.artifacts import ArtifactStore
-from broker.domain import CodeSpec, Task, TaskSpec, TaskState
+from broker.domain import Task, TaskState
 from broker.errors import KliqueError, NotFound, NotPermitted
 from broker.estate import parse_estate
 from broker.identity.resolve import Identities
@@ -82,6 +82,7 @@ def create_app(scheduler: Scheduler, lifespan: Any = None) -> FastAPI:
     )
     app.include_router(sdk.router)
     app.include_router(artifacts.router)
+    app.include_router(sweeps.router)
 
     @app.exception_handler(KliqueError)
     async def _klique_error(_request: Request, exc: KliqueError) -> JSONResponse:
@@ -121,17 +122,7 @@ def create_app(scheduler: Scheduler, lifespan: Any = None) -> FastAPI:
 
     @app.post(f"{API}/tasks", status_code=201)
     def submit(body: SubmitRequest, who: Auth) -> TaskOut:
-        spec = TaskSpec(
-            command=tuple(body.command),
-            resource=body.resource or scheduler.estate.default_resource or "",
-            name=body.name,
-            project=body.project,
-            env=dict(body.env),
-            requirements=tuple(body.requirements),
-            requirements_file=body.requirements_file,
-            image=body.image,
-            code=CodeSpec(**body.code.model_dump()) if body.code else None,
-        )
+        spec = spec_of(body, scheduler.estate.default_resource or "")
         return _task_out(new_task(scheduler, who, spec), scheduler)
 
     @app.get(f"{API}/tasks")

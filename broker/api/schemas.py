@@ -78,6 +78,7 @@ class TaskOut(BaseModel):
     origin: str = "pool"  # pool, local (recorded by the SDK where it ran) or cached (reused)
     parent: int | None = None  # the task that made this one (a pipeline, for its steps)
     parameters: dict[str, Any] = {}
+    sweep: int | None = None  # the sweep it was made in (`klique ls --sweep ID`)
     events: list[dict[str, Any]] = []
     scalars: list[dict[str, Any]] = []
     packages: list[str] = []  # shown in detail only
@@ -119,6 +120,7 @@ class TaskOut(BaseModel):
             origin=task.origin.value,
             parent=task.parent,
             parameters=task.parameters,
+            sweep=task.sweep,
         )
 
 

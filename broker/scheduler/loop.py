@@ -28,6 +28,7 @@ from broker.scheduler.placement import (
     decayed_usage,
     place,
 )
+from broker.scheduler.queue import QueueCache
 from broker.store.repository import Store
 
 log = logging.getLogger("klique.scheduler")
@@ -36,6 +37,8 @@ __all__ = ["ACTIVE", "HOLDING", "Scheduler"]
 
 _USAGE_HORIZON = 10  # half-lives of ledger history that still count for fair share
 _CANCEL_WAIT_S = 20.0  # how long a cancel request waits for the pool to confirm it
+_REST = 4.0  # after a cycle, the next waits at least this many times its length
+_MOST_REST_S = 5.0  # and never longer than this
 
 
 @dataclass
@@ -80,6 +83,7 @@ class Scheduler:
 
     def __post_init__(self) -> None:
         self.link = StoreLink(self.store, self.estate)
+        self.queue = QueueCache(self.store)
         for name, pool in self.estate.pools.items():
             interval = float(str(pool.settings.get("poll_interval") or 0)) or self.interval_s
             if pool.settings.get("agent") == "remote":
@@ -109,11 +113,15 @@ class Scheduler:
             asyncio.create_task(a.run(stop), name=f"agent {n}") for n, a in self.agents.items()
         ]
         while not stop.is_set():
-            self._wake.clear()  # a wake during the cycle below runs the next one at once
+            self._wake.clear()  # a wake during the cycle below runs the next one soon
+            started = time.monotonic()
             try:
                 await self.cycle()
             except Exception:  # a bad cycle must never stop the scheduler
                 log.exception("placement cycle failed; retrying next cycle")
+            # Wakes coalesce: the next cycle waits a few times as long as this one took, so
+            # that a long queue's cycles leave the API most of the time, whatever the wakes.
+            await asyncio.sleep(min(_REST * (time.monotonic() - started), _MOST_REST_S))
             waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self._wake.wait())]
             await asyncio.wait(waits, timeout=self.interval_s, return_when=asyncio.FIRST_COMPLETED)
             for w in waits:
@@ -147,24 +155,20 @@ class Scheduler:
         return driver.strangers if driver is not None else set()
 
     async def cycle(self) -> None:
-        queued = await asyncio.to_thread(self.store.tasks, states=[TaskState.QUEUED])
+        queued = await asyncio.to_thread(self.queue.current)
         holding = await asyncio.to_thread(self.store.tasks, states=HOLDING)
         self.pool_states = self.snapshots()
         await self._place(queued, holding)
         self.cycles += 1
 
-    async def _place(self, queued: Sequence[Task], holding: Sequence[Task]) -> None:
+    async def _place(self, queued: Sequence[QueuedTask], holding: Sequence[Task]) -> None:
         now = time.time()
         usage = await asyncio.to_thread(self._usage, now) if queued else {}
-        out = place(
+        out = await asyncio.to_thread(  # off the event loop: a long queue takes a while
+            place,
             SchedulerInput(
                 estate=self.estate,
-                queued=[
-                    QueuedTask(
-                        t.id, t.owner, t.team, t.resource, t.queued_at or t.created_at, t.skip_pools
-                    )
-                    for t in queued
-                ],
+                queued=list(queued),
                 active=[_active(t, now) for t in holding],
                 pools=self.pool_states,
                 usage=usage,  # fair share orders only the queue
@@ -175,10 +179,11 @@ class Scheduler:
                     max_preemptions_per_cycle=self.estate.max_preemptions_per_cycle,
                     starvation_s=self.estate.starvation_s,
                 ),
-            )
+            ),
         )
         self.pending = out.pending
-        by_id = {t.id: t for t in (*queued, *holding)}
+        attempts = self.queue.attempts
+        by_id = {t.id: t for t in holding}
         woken: set[str | None] = set()
         for task_id in out.withdrawals:
             task = by_id.get(task_id)
@@ -201,7 +206,7 @@ class Scheduler:
                 pool=decision.pool,
                 borrowed=decision.borrowed,
                 gpu_ids=list(decision.gpus),
-                attempts=by_id[decision.task_id].attempts + 1,
+                attempts=attempts.get(decision.task_id, 0) + 1,
                 job_dir=None,
             )
             if placed is not None:
@@ -217,9 +222,9 @@ class Scheduler:
         ]
         return decayed_usage(rows, now, half_life)
 
-    async def cancel(self, task: Task) -> Task:
+    async def cancel(self, task: Task, wait_s: float = _CANCEL_WAIT_S) -> Task:
         """Cancel a task wherever it is; one not yet in a pool never reaches it. One in a pool is
-        its agent's to stop: this asks, then waits a little for the pool to confirm."""
+        its agent's to stop: this asks, then waits up to `wait_s` for the pool to confirm."""
         early = (TaskState.CREATED, TaskState.QUEUED, TaskState.HELD, TaskState.PLACED)
         reason = "cancelled by its owner"
         done = await asyncio.to_thread(
@@ -235,13 +240,12 @@ class Scheduler:
             return done if done is not None else await asyncio.to_thread(self.store.get, task.id)
         await asyncio.to_thread(self.store.update, task.id, intent="cancel")
         self.wake_pool(task.pool)
-        deadline = time.monotonic() + _CANCEL_WAIT_S
-        while time.monotonic() < deadline:
+        deadline = time.monotonic() + wait_s
+        while True:
             current = await asyncio.to_thread(self.store.get, task.id)
-            if current.state.final:
+            if current.state.final or time.monotonic() >= deadline:
                 return current
             await asyncio.sleep(0.05)
-        return current
 
 
 def _active(task: Task, now: float) -> ActiveTask:

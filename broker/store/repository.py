@@ -11,12 +11,12 @@ import json
 import secrets
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
-from sqlalchemy import Engine, create_engine, event, func, select
+from sqlalchemy import Engine, create_engine, event, func, insert, select
 from sqlalchemy.orm import Session, sessionmaker, undefer
 
 from broker.domain import (
@@ -29,15 +29,30 @@ from broker.domain import (
     transition,
 )
 from broker.errors import NotFound
+from broker.store.changes import TOUCHED, Changes, track
 from broker.store.records import RecordMethods
 from broker.store.tables import (
     AgentTokenRow,
     LedgerRow,
     ScalarRow,
+    SweepRow,
     TaskEventRow,
     TaskRow,
     TokenRow,
 )
+
+
+class QueuedRow(NamedTuple):
+    """A queued task as placement sees it."""
+
+    id: int
+    owner: str
+    team: str | None
+    resource: str
+    queued_at: float
+    skip_pools: frozenset[str]
+    attempts: int
+
 
 _STAMPS = {
     TaskState.QUEUED: "queued_at",
@@ -106,6 +121,8 @@ class Store(RecordMethods):
         self._writer: AbstractContextManager[Any] = (
             threading.RLock() if self.url.startswith("sqlite") else nullcontext()
         )
+        self.changes = Changes()  # the tasks written since the scheduler last looked
+        track(self._writes)
 
     @classmethod
     def open(cls, url: str) -> Store:
@@ -121,8 +138,10 @@ class Store(RecordMethods):
 
     @contextmanager
     def _tx(self) -> Iterator[Session]:
-        with self._writer, self._writes.begin() as session:
-            yield session
+        with self._writer:
+            with self._writes.begin() as session:
+                yield session
+            self.changes.add(session.info.pop(TOUCHED, ()))  # committed
 
     # Tasks
 
@@ -141,41 +160,106 @@ class Store(RecordMethods):
         packages, inputs, cache key) and, for a task that runs locally, its pool."""
         transition(TaskState.CREATED, state)
         now = time.time()
-        stored, diff = _spec_json(spec)
-        row = TaskRow(
-            name=spec.name,
-            owner=owner,
-            team=team,
-            project=spec.project,
-            resource=spec.resource,
-            state=state.value,
-            reason=reason,
-            spec=stored,
-            diff=diff,
-            diff_bytes=len(diff.encode()),
-            gpus=gpus,
-            report_digest="",
-            created_at=now,
-            updated_at=now,
-            queued_at=now if state is TaskState.QUEUED else None,
-            started_at=now if state is TaskState.RUNNING else None,
-            finished_at=now if state.final else None,
-        )
-        _set_fields(row, record or {})
+        row = TaskRow(**_row_values(spec, owner, team, gpus, state, reason, record or {}, now))
         with self._tx() as session:
             session.add(row)
             session.flush()
             self._meter(session, row, TaskState.CREATED, state, now, charged=True)
-            session.add(
-                TaskEventRow(
-                    task_id=row.id,
-                    time=now,
-                    old_state=TaskState.CREATED.value,
-                    new_state=state.value,
-                    reason=reason,
-                )
-            )
+            session.add(_created_event(row, now))
             return _task(row)
+
+    def create_queued(
+        self,
+        items: Sequence[tuple[TaskSpec, float, dict[str, Any]]],
+        owner: str,
+        team: str | None,
+        sweep: str | None = None,
+    ) -> tuple[int | None, list[Task]]:
+        """Queued tasks, each (spec, GPUs, parameters), in one transaction: all or none. With
+        `sweep` (its name), a sweep row links them; returns its id (None without) and the tasks."""
+        now = time.time()
+        queued = TaskState.QUEUED
+        values = [
+            _row_values(spec, owner, team, gpus, queued, "", {"parameters": params}, now)
+            for spec, gpus, params in items
+        ]
+        with self._tx() as session:
+            sweep_id = None
+            if sweep is not None:
+                size = len(values)
+                found = SweepRow(owner=owner, team=team, name=sweep, size=size, created_at=now)
+                session.add(found)
+                session.flush()
+                sweep_id = found.id
+                for value in values:
+                    value["sweep_id"] = sweep_id
+            # Multi-row INSERTs, no ORM objects: the cost of a task stays a small constant.
+            statement = insert(TaskRow).returning(TaskRow.id, sort_by_parameter_order=True)
+            ids = list(session.connection().scalars(statement, values))
+            events = [
+                {"task_id": i, "time": now, "old_state": "created", "new_state": queued.value}
+                for i in ids
+            ]
+            session.connection().execute(insert(TaskEventRow), events)
+            session.info.setdefault(TOUCHED, set()).update(ids)
+        return sweep_id, [
+            Task(
+                id=task_id,
+                spec=spec,
+                owner=owner,
+                team=team,
+                state=queued,
+                gpus=gpus,
+                diff_bytes=value["diff_bytes"],
+                parameters=params,
+                sweep=sweep_id,
+                created_at=now,
+                queued_at=now,
+            )
+            for task_id, (spec, gpus, params), value in zip(ids, items, values, strict=True)
+        ]
+
+    def queued(self, ids: Collection[int] | None = None) -> list[QueuedRow]:
+        """The queued tasks (those of `ids`, when given) as placement sees them: a few columns,
+        no spec parsed; a thousand ids a query."""
+        columns = (
+            TaskRow.id,
+            TaskRow.owner,
+            TaskRow.team,
+            TaskRow.resource,
+            func.coalesce(TaskRow.queued_at, TaskRow.created_at),
+            TaskRow.skip_pools,
+            TaskRow.attempts,
+        )
+        query = select(*columns).where(TaskRow.state == TaskState.QUEUED.value)
+        chunks = [None] if ids is None else _chunks(sorted(ids), 1000)
+        found: list[QueuedRow] = []
+        with self._sessions() as session:
+            for chunk in chunks:
+                where = query if chunk is None else query.where(TaskRow.id.in_(chunk))
+                found.extend(
+                    QueuedRow(i, o, t, r, q, _skipped(skip), a)
+                    for i, o, t, r, q, skip, a in session.execute(where)
+                )
+        return found
+
+    def sweep(self, sweep_id: int) -> dict[str, Any]:
+        """A sweep's owner, team, name, size, and how many of its tasks are in each state."""
+        with self._sessions() as session:
+            row = session.get(SweepRow, sweep_id)
+            if row is None:
+                raise NotFound(f"no sweep {sweep_id}")
+            query = select(TaskRow.state, func.count()).where(TaskRow.sweep_id == sweep_id)
+            states = session.execute(query.group_by(TaskRow.state))
+            return {
+                "id": row.id,
+                "owner": row.owner,
+                "team": row.team,
+                "name": row.name,
+                "size": row.size,
+                "created_at": row.created_at,
+                "states": {state: n for state, n in states},
+            }
 
     def get(self, task_id: int) -> Task:
         with self._sessions() as session:
@@ -194,6 +278,7 @@ class Store(RecordMethods):
         newest_first: bool = False,
         before: int | None = None,
         with_diff: bool = True,
+        sweep: int | None = None,
     ) -> list[Task]:
         """Tasks in id order (newest first if asked), from `before` down when paging; listings
         pass with_diff=False so that no stored diff is loaded."""
@@ -206,6 +291,8 @@ class Store(RecordMethods):
             query = query.where(TaskRow.state.in_([s.value for s in states]))
         if pool is not None:
             query = query.where(TaskRow.pool == pool)
+        if sweep is not None:
+            query = query.where(TaskRow.sweep_id == sweep)
         query = query.order_by(TaskRow.id.desc() if newest_first else TaskRow.id)
         if limit is not None:
             query = query.limit(limit)
@@ -235,39 +322,68 @@ class Store(RecordMethods):
             row = session.get(TaskRow, task_id, with_for_update=True)
             if row is None:
                 raise NotFound(f"no task {task_id}")
-            old = TaskState(row.state)
-            if only_from is not None and old not in only_from:
-                return None
-            transition(old, new)
-            _set_fields(row, fields)
-            if reason is not None:
-                row.reason = reason
-            elif old != new:
-                row.reason = ""  # a reason belongs to the state it explained
-            if old != new:
-                row.state = new.value
-                if new.final or new is TaskState.QUEUED:
-                    row.intent = None  # done with, or no longer the pool's to act on
-                stamp = _STAMPS.get(new)
-                if stamp == "queued_at" and row.queued_at is not None:
-                    stamp = None  # age counts from the first time it queued (requeues keep it)
-                if stamp is not None:
-                    setattr(row, stamp, now)
-                if new.final:
-                    row.finished_at = now
-                session.add(
-                    TaskEventRow(
-                        task_id=task_id,
-                        time=now,
-                        old_state=old.value,
-                        new_state=new.value,
-                        reason=row.reason,
-                    )
+            return self._change(session, row, new, reason, only_from, charged, fields, now)
+
+    def change_states(
+        self, task_ids: Iterable[int], new: TaskState, reason: str, only_from: Sequence[TaskState]
+    ) -> list[Task]:
+        """change_state for many tasks in one transaction (cancelling a sweep's queued tasks);
+        returns those that were in `only_from` and changed."""
+        now = time.time()
+        changed: list[Task] = []
+        with self._tx() as session:
+            query = select(TaskRow).where(TaskRow.id.in_(list(task_ids))).with_for_update()
+            for row in session.scalars(query):
+                done = self._change(session, row, new, reason, only_from, True, {}, now)
+                if done is not None:
+                    changed.append(done)
+        return changed
+
+    def _change(
+        self,
+        session: Session,
+        row: TaskRow,
+        new: TaskState,
+        reason: str | None,
+        only_from: Sequence[TaskState] | None,
+        charged: bool,
+        fields: dict[str, Any],
+        now: float,
+    ) -> Task | None:
+        task_id = row.id
+        old = TaskState(row.state)
+        if only_from is not None and old not in only_from:
+            return None
+        transition(old, new)
+        _set_fields(row, fields)
+        if reason is not None:
+            row.reason = reason
+        elif old != new:
+            row.reason = ""  # a reason belongs to the state it explained
+        if old != new:
+            row.state = new.value
+            if new.final or new is TaskState.QUEUED:
+                row.intent = None  # done with, or no longer the pool's to act on
+            stamp = _STAMPS.get(new)
+            if stamp == "queued_at" and row.queued_at is not None:
+                stamp = None  # age counts from the first time it queued (requeues keep it)
+            if stamp is not None:
+                setattr(row, stamp, now)
+            if new.final:
+                row.finished_at = now
+            session.add(
+                TaskEventRow(
+                    task_id=task_id,
+                    time=now,
+                    old_state=old.value,
+                    new_state=new.value,
+                    reason=row.reason,
                 )
-            self._meter(session, row, old, new, now, charged)
-            row.updated_at = now
-            session.flush()
-            return _task(row)
+            )
+        self._meter(session, row, old, new, now, charged)
+        row.updated_at = now
+        session.flush()
+        return _task(row)
 
     def report_digest(self, task_id: int) -> str | None:
         """The digest of the task's current report token; None for an unknown task."""
@@ -406,12 +522,76 @@ _JSON_VALUES = {"parameters", "packages", "inputs"}
 
 
 def _set_fields(row: TaskRow, fields: dict[str, Any]) -> None:
+    for name, value in _field_values(fields).items():
+        setattr(row, name, value)
+
+
+def _field_values(fields: dict[str, Any]) -> dict[str, Any]:
+    """Fields as their columns hold them (lists and values as JSON)."""
+    stored = {}
     for name, value in fields.items():
         if name in _JSON_LISTS:
             value = json.dumps(sorted(value))
         elif name in _JSON_VALUES or name == "claim" and value is not None:
             value = json.dumps(value)
-        setattr(row, name, value)
+        stored[name] = value
+    return stored
+
+
+def _row_values(
+    spec: TaskSpec,
+    owner: str,
+    team: str | None,
+    gpus: float,
+    state: TaskState,
+    reason: str,
+    record: dict[str, Any],
+    now: float,
+) -> dict[str, Any]:
+    """A new task's columns."""
+    stored, diff = _spec_json(spec)
+    return {
+        "name": spec.name,
+        "owner": owner,
+        "team": team,
+        "project": spec.project,
+        "resource": spec.resource,
+        "state": state.value,
+        "reason": reason,
+        "spec": stored,
+        "diff": diff,
+        "diff_bytes": len(diff.encode()),
+        "gpus": gpus,
+        "report_digest": "",
+        "created_at": now,
+        "updated_at": now,
+        "queued_at": now if state is TaskState.QUEUED else None,
+        "started_at": now if state is TaskState.RUNNING else None,
+        "finished_at": now if state.final else None,
+        **_field_values(record),
+    }
+
+
+def _created_event(row: TaskRow, now: float) -> TaskEventRow:
+    return TaskEventRow(
+        task_id=row.id,
+        time=now,
+        old_state=TaskState.CREATED.value,
+        new_state=row.state,
+        reason=row.reason,
+    )
+
+
+_NONE_SKIPPED: frozenset[str] = frozenset()
+
+
+def _skipped(stored: str | None) -> frozenset[str]:
+    """skip_pools as stored: almost always none, which needs no parsing."""
+    return _NONE_SKIPPED if stored in (None, "", "[]") else frozenset(json.loads(stored))
+
+
+def _chunks(items: list[int], size: int) -> list[list[int]]:
+    return [items[i : i + size] for i in range(0, len(items), size)]
 
 
 def _spec_json(spec: TaskSpec) -> tuple[str, str]:
@@ -451,6 +631,7 @@ def _task(row: TaskRow, with_diff: bool = True) -> Task:
         inputs=tuple((int(i[0]), str(i[1])) for i in json.loads(row.inputs or "[]")),
         cache_key=row.cache_key,
         intent=row.intent,
+        sweep=row.sweep_id,
         created_at=row.created_at,
         queued_at=row.queued_at,
         submitted_at=row.submitted_at,

@@ -59,12 +59,27 @@ class TaskRow(Base):
     cache_key: Mapped[str | None] = mapped_column(String(64), nullable=True, index=True)
     # What the control plane asks the task's pool agent to do: cancel, or withdraw (spill over).
     intent: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    # The sweep that made it with others in one request (migration 0010_sweeps).
+    sweep_id: Mapped[int | None] = mapped_column(Integer, nullable=True, index=True)
     created_at: Mapped[float] = mapped_column(Float)
     queued_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     submitted_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     started_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     updated_at: Mapped[float] = mapped_column(Float, index=True)  # the UI follows changes
+
+
+class SweepRow(Base):
+    """Many tasks made by one request (`klique submit --sweep`): their owner and how many."""
+
+    __tablename__ = "sweeps"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    owner: Mapped[str] = mapped_column(String(64), index=True)
+    team: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    name: Mapped[str] = mapped_column(String(200), default="")
+    size: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[float] = mapped_column(Float)
 
 
 class TaskEventRow(Base):

@@ -161,3 +161,24 @@ def test_the_sdks_record_and_artifacts_are_kept_and_the_migration_goes_both_ways
     command.downgrade(config(store.engine), "0006_apps")
     command.upgrade(config(store.engine), "head")
     assert store.get(local.id).parameters == {}  # the columns were dropped and made again
+
+
+def test_a_sweep_is_made_in_one_transaction_each_task_from_its_own_item(store):
+    store.changes.take()
+    items = [(spec(name=f"t{i}"), 0.5, {"i": i}) for i in range(2500)]  # several INSERTs
+    sweep, tasks = store.create_queued(items, "alice", "vision", sweep="lr")
+    assert [t.spec.name for t in tasks] == [f"t{i}" for i in range(2500)]
+    stored = {t.id: t for t in store.tasks(sweep=sweep)}
+    assert len(stored) == 2500
+    for made in tasks:  # each id is the row of its own item
+        assert stored[made.id].spec.name == made.spec.name
+        assert stored[made.id].parameters == made.parameters
+    assert {t.sweep for t in stored.values()} == {sweep}
+    assert store.events(tasks[7].id)[0]["to"] == "queued"
+    info = store.sweep(sweep)
+    assert (info["owner"], info["name"], info["size"]) == ("alice", "lr", 2500)
+    assert info["states"] == {"queued": 2500}
+    assert store.changes.take() == {t.id for t in tasks}  # the scheduler reads just these
+    ended = store.change_states([tasks[0].id, tasks[1].id], S.CANCELLED, "stop", [S.QUEUED])
+    assert [t.state for t in ended] == [S.CANCELLED] * 2
+    assert store.sweep(sweep)["states"] == {"queued": 2498, "cancelled": 2}

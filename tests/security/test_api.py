@@ -71,6 +71,13 @@ def test_a_diff_over_the_limit_is_refused_with_the_limit_and_the_fix(limited) ->
         ("POST", "/tasks/1/report", {"scalars": [{"name": "x", "value": "nan"}]}, 422),
         ("POST", "/tasks/1/report", {"exit": {"exit_code": 0, "outcome": "completed"}}, 401),
         ("POST", "/tokens", {"user": "bob\nroot"}, 422),
+        ("POST", "/tasks/batch", {"tasks": []}, 422),
+        ("POST", "/tasks/batch", {"tasks": [{"command": ["true"], "owner": "bob"}]}, 422),
+        ("POST", "/sweeps", {"tasks": [{"command": ["true"]}], "name": "a\nb"}, 422),
+        ("POST", "/sweeps", {"tasks": [{"command": ["true"], "resource": "gpu"}]}, 404),
+        ("GET", "/sweeps/0", None, 422),
+        ("GET", "/sweeps/123456", None, 404),
+        ("POST", "/sweeps/123456/cancel", None, 404),
     ],
 )
 def test_bad_input_is_a_4xx_with_a_reason(limited, method, path, body, status) -> None:

@@ -1,0 +1,52 @@
+"""Which tasks this process's store has changed since the scheduler last asked, so that a
+placement cycle reads only those instead of every queued task.
+
+The server is the only writer of its store (remote agents report through its API), and every
+write goes through `Store._tx`: a session hook notes the task rows each transaction flushes,
+and the ids count once the transaction commits. The scheduler still reloads everything now and
+then, in case something else wrote to the database."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable
+from itertools import chain
+from typing import Any
+
+from sqlalchemy import event
+from sqlalchemy.orm import Session, sessionmaker
+
+from broker.store.tables import TaskRow
+
+TOUCHED = "klique_tasks_touched"  # Session.info key: task ids this transaction wrote
+_MOST = 1_000_000  # beyond this many unread changes, the reader reloads everything
+
+
+class Changes:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._ids: set[int] | None = None  # None: not known (at start) -> reload everything
+
+    def add(self, ids: Iterable[int]) -> None:
+        with self._lock:
+            if self._ids is not None:
+                self._ids.update(ids)
+                if len(self._ids) > _MOST:
+                    self._ids = None
+
+    def take(self) -> set[int] | None:
+        """The ids changed since the last take; None when unknown (read everything)."""
+        with self._lock:
+            ids, self._ids = self._ids, set()
+            return ids
+
+
+def track(sessions: sessionmaker[Session]) -> None:
+    """Note the task rows each flush of these sessions writes, in the session's info."""
+
+    @event.listens_for(sessions, "after_flush")
+    def _touched(session: Session, _context: Any) -> None:
+        rows = chain(session.new, session.dirty)
+        ids = {row.id for row in rows if isinstance(row, TaskRow)}
+        if ids:
+            session.info.setdefault(TOUCHED, set()).update(ids)
