@@ -45,18 +45,25 @@ ROOT = Path(__file__).resolve().parent.parent
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Each file's tests stay together on one worker of a parallel run (`-n N --dist
     loadgroup`), except that every test on the shared Slurm cluster joins one group, so that
-    cluster sees one test at a time, as in a serial run (tests on a private cluster of their
-    own do not). Tests of an opt-in marker are skipped, saying why in one line, unless turned
-    on."""
+    cluster sees one test at a time, as in a serial run, and the tests of a private cluster
+    (a `*_slurm_cluster` fixture) join its group, so that one worker starts and stops it.
+    Tests of an opt-in marker are skipped, saying why in one line, unless turned on."""
     for item in items:
-        group = "slurm-cluster" if _on_shared_slurm(item) else item.nodeid.split("::", 1)[0]
-        item.add_marker(pytest.mark.xdist_group(group))
+        item.add_marker(pytest.mark.xdist_group(_group(item)))
     if services_on():
         return
     for item in items:
         needs = [what for marker, what in SERVICE_MARKERS.items() if marker in item.keywords]
         if needs:
             item.add_marker(pytest.mark.skip(reason=skip_reason(" and ".join(needs))))
+
+
+def _group(item: pytest.Item) -> str:
+    if _on_shared_slurm(item):
+        return "slurm-cluster"
+    fixtures = getattr(item, "fixturenames", ())
+    private = sorted(name for name in fixtures if name.endswith("_slurm_cluster"))
+    return private[0] if private else item.nodeid.split("::", 1)[0]
 
 
 def _on_shared_slurm(item: pytest.Item) -> bool:

@@ -66,6 +66,12 @@ def host_estate(slots: int = 4, **settings: str) -> str:
     )
 
 
+# The pools an attack may run on; those on Slurm use the shared cluster (marker slurm: they join
+# its worker in a parallel run, tests/conftest.py).
+SLURM = pytest.param("slurm", marks=pytest.mark.slurm, id="slurm")
+SLURM_SSH = pytest.param("slurm-ssh", marks=pytest.mark.slurm, id="slurm-ssh")
+
+
 def slurm_estate(job_root: Path, endpoint: object = None, **settings: object) -> str:
     """One Slurm pool `p` (the real cluster), over SSH when an endpoint is given."""
     batch = pool_yaml("slurm", job_root, endpoint, **settings)  # type: ignore[arg-type]

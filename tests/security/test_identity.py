@@ -16,6 +16,8 @@ from conftest import HOST_ACCESS, ROOT, free_port, wait_for
 from .conftest import (
     RESOURCE,
     SERVER_SECRET,
+    SLURM,
+    SLURM_SSH,
     Attack,
     everything_seen,
     slurm_estate,
@@ -66,7 +68,7 @@ def uid0_alias() -> Iterator[str]:
     subprocess.run(["userdel", "-f", name], check=False)
 
 
-@pytest.mark.parametrize("pool", ["host", "slurm"])
+@pytest.mark.parametrize("pool", ["host", SLURM])
 def test_an_account_that_is_root_under_another_name_is_refused(
     server_factory, uid0_alias: str, pool: str, request: pytest.FixtureRequest
 ) -> None:
@@ -161,7 +163,7 @@ def _answers(url: str) -> bool:
         return False
 
 
-@pytest.mark.parametrize("pool", ["host", "slurm", "slurm-ssh"])
+@pytest.mark.parametrize("pool", ["host", SLURM, SLURM_SSH])
 def test_a_task_never_sees_the_servers_environment(attack_factory, pool: str) -> None:
     attack: Attack = attack_factory(pool)
     task_id = submit(attack, attack.bob, "env; cat /proc/$PPID/environ | tr '\\0' '\\n'")

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from conftest import wait_for
 
-from .conftest import Attack, RootSecret, as_account, everything_seen, submit
+from .conftest import SLURM, SLURM_SSH, Attack, RootSecret, as_account, everything_seen, submit
 
-POOLS = ["host", "slurm", "slurm-ssh"]
+POOLS = ["host", SLURM, SLURM_SSH]
 JOB_FILES = (
     "console.log task.json status.json exit.json scalars.jsonl runner.log runner.pid preempted"
 )
@@ -35,7 +35,7 @@ def test_a_console_linked_to_a_root_file_shows_nothing_of_it(
     assert root_secret.intact()
 
 
-@pytest.mark.parametrize("pool", ["host", "slurm"])
+@pytest.mark.parametrize("pool", ["host", SLURM])
 def test_links_planted_in_a_job_folder_never_redirect_the_server(
     attack_factory, root_secret: RootSecret, pool: str
 ) -> None:
@@ -57,7 +57,7 @@ def test_links_planted_in_a_job_folder_never_redirect_the_server(
     assert root_secret.value not in everything_seen(attack, task_id, attack.bob)
 
 
-@pytest.mark.parametrize("pool", ["host", "slurm", "slurm-ssh"])
+@pytest.mark.parametrize("pool", ["host", SLURM, SLURM_SSH])
 def test_job_files_are_private_to_their_account(attack_factory, pool: str) -> None:
     attack: Attack = attack_factory(pool)
     script = (
@@ -127,6 +127,7 @@ def test_a_cache_planted_by_another_account_is_refused(
     assert sorted(p.name for p in (cache / "alice").iterdir()) == ["envs"]
 
 
+@pytest.mark.slurm
 def test_a_staged_uv_folder_planted_by_another_account_refuses_the_submission(
     attack_factory, tmp_path: Path
 ) -> None:

@@ -12,7 +12,7 @@ import httpx
 import pytest
 from conftest import wait_for
 
-from .conftest import Attack, submit
+from .conftest import SLURM, Attack, submit
 
 # The task claims, over HTTP and in its exit file, that it completed; then it runs on.
 FALSE_CLAIM = """
@@ -30,7 +30,7 @@ json.dump(claim, open(job + "/exit.json", "w"))
 """
 
 
-@pytest.mark.parametrize("pool", ["host", "slurm"])
+@pytest.mark.parametrize("pool", ["host", SLURM])
 def test_a_false_completed_report_leaves_the_task_running_and_metered(
     attack_factory, pool: str
 ) -> None:
