@@ -308,10 +308,9 @@ class LocalTransport(Transport):
 
     def _command(self, argv: Sequence[str], account: str, env: _Env) -> tuple[list[str], str]:
         """The full argv that runs `argv` as account, and the folder to start it in."""
+        prefix = self._as_account(account)  # refuses an account that does not exist first
         home = pwd.getpwnam(account).pw_dir
-        return [*self._as_account(account), *_with_env(argv, env)], (
-            home if os.path.isdir(home) else "/"
-        )
+        return [*prefix, *_with_env(argv, env)], (home if os.path.isdir(home) else "/")
 
     async def _exec(
         self, argv: Sequence[str], account: str, stdin: bytes | None, timeout: float, env: _Env

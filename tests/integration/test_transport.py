@@ -195,6 +195,8 @@ def test_root_missing_and_malformed_accounts_are_refused(
     missing = f"nobody{uuid.uuid4().hex[:6]}"
     with pytest.raises(NotPermitted, match=f"'{missing}' does not exist on {socket.gethostname()}"):
         check_account(missing)
+    with pytest.raises(NotPermitted, match=f"'{missing}' does not exist"):  # a command as it
+        run(LocalTransport().run(["true"], account=missing))
     for name in ["", "-rf", "a b", "$(touch x)", "alice;id", "../alice", "x" * 33, "1abc"]:
         with pytest.raises(NotPermitted, match="not a valid Linux account name"):
             check_account(name)
