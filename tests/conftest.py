@@ -11,6 +11,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,8 +46,9 @@ ROOT = Path(__file__).resolve().parent.parent
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Each file's tests stay together on one worker of a parallel run (`-n N --dist
     loadgroup`), except that every test on the shared Slurm cluster joins one group, so that
-    cluster sees one test at a time, as in a serial run, and the tests of a private cluster
-    (a `*_slurm_cluster` fixture) join its group, so that one worker starts and stops it.
+    cluster sees one test at a time, as in a serial run, the tests of a private cluster (a
+    `*_slurm_cluster` fixture) join its group, so that one worker starts and stops it, and a
+    test marked `separate` is a group of its own.
     Tests of an opt-in marker are skipped, saying why in one line, unless turned on."""
     for item in items:
         item.add_marker(pytest.mark.xdist_group(_group(item)))
@@ -61,6 +63,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def _group(item: pytest.Item) -> str:
     if _on_shared_slurm(item):
         return "slurm-cluster"
+    if item.get_closest_marker("separate"):
+        return item.nodeid
     fixtures = getattr(item, "fixturenames", ())
     private = sorted(name for name in fixtures if name.endswith("_slurm_cluster"))
     return private[0] if private else item.nodeid.split("::", 1)[0]
@@ -250,30 +254,49 @@ def stop_server(server: Server) -> None:
 
 @pytest.fixture
 def server_factory(tmp_path: Path) -> Iterator[Callable[..., Server]]:
-    """Servers on loopback; `$JOB_ROOT` in an estate becomes a new shared job root."""
+    """Servers on loopback for one test; `$JOB_ROOT` in an estate becomes a new shared job
+    root."""
+    with _servers(tmp_path) as make:
+        yield make
+
+
+@pytest.fixture(scope="module")
+def module_server_factory(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Callable[..., Server]]:
+    """The same, for servers that the tests of one module share where isolation is not the
+    point (each start costs seconds)."""
+    with _servers(tmp_path_factory.mktemp("servers")) as make:
+        yield make
+
+
+@contextmanager
+def _servers(folder: Path) -> Iterator[Callable[..., Server]]:
     started: list[Server] = []
     roots: list[Path] = []
 
     def make(estate_text: str | None = None, **extra_env: str) -> Server:
-        home = tmp_path / f"home{len(started)}"
+        home = folder / f"home{len(started)}"
         estate = job_root = None
         if estate_text is not None:
             if "$JOB_ROOT" in estate_text:
                 job_root = shared_folder("klique-jobs-")
                 roots.append(job_root)
                 estate_text = estate_text.replace("$JOB_ROOT", str(job_root))
-            estate = tmp_path / f"estate{len(started)}.yaml"
+            estate = folder / f"estate{len(started)}.yaml"
             estate.write_text(estate_text)
         server = start_server(home, estate, extra_env)
         server.job_root = job_root
         started.append(server)
         return server
 
-    yield make
-    for server in started:
-        stop_server(server)
-    for root in roots:
-        shutil.rmtree(root, ignore_errors=True)
+    try:
+        yield make
+    finally:
+        for server in started:
+            stop_server(server)
+        for root in roots:
+            shutil.rmtree(root, ignore_errors=True)
 
 
 HOST_ESTATE = f"""

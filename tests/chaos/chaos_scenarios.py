@@ -140,7 +140,10 @@ def _queue_and_accounting(since: float) -> list[SlurmJob]:
     """Every job squeue still shows plus every job the jobcomp file recorded since `since`."""
     found: dict[int, SlurmJob] = {}
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(since - 120))
-    sacct = ["sacct", "--completion", "--allusers", "--noheader", "--parsable2"]
+    # As a test account: root's `sacct --completion` (Slurm 22.05) opens the job-completion file
+    # to append and sets it back to 0644, after which the accounts can no longer read it.
+    sacct = ["runuser", "-u", USERS[0], "--", "sacct", "--completion", "--allusers", "--noheader"]
+    sacct.append("--parsable2")
     for line in _run([*sacct, "--format=JobID,JobName,State", f"--starttime={stamp}"]).split("\n"):
         parts = line.split("|")
         if len(parts) >= 3 and parts[0].isdigit():

@@ -28,6 +28,11 @@ pytestmark = pytest.mark.slurm
 
 # Runs until the test creates the file named by its argument: the job stays RUNNING meanwhile.
 WAIT_FOR_FILE = "import os,sys,time\nwhile not os.path.exists(sys.argv[1]): time.sleep(0.1)"
+# The same, having first created the file named by its second argument.
+STARTED_THEN_WAIT = (
+    "import os,sys,time\nopen(sys.argv[2], 'a').close()\n"
+    "while not os.path.exists(sys.argv[1]): time.sleep(0.1)"
+)
 
 
 @dataclass
@@ -190,10 +195,15 @@ def test_a_task_preempted_by_requeue_waits_and_runs_again(private_jobs_pool):
     shows her task pending with Slurm's reason, then running again, then completed: one job."""
     site = private_jobs_pool
     go = site.folder / "go-preempt"
+    started = open_folder(site.folder / "marks") / "started"
     alice = site.tokens["alice"]
     env = {"PATH": "/usr/bin:/bin", **site.env}
-    task_id = site.submit("alice", JOB_PYTHON, "-c", WAIT_FOR_FILE, str(go), resource="node")
+    command = ("-c", STARTED_THEN_WAIT, str(go), str(started))
+    task_id = site.submit("alice", JOB_PYTHON, *command, resource="node")
     task = site.server.wait_state(task_id, {"running"}, timeout=90, token=alice)
+    # Preempted once the command runs (a job preempted while its runner sets up is another
+    # race, not this scenario).
+    wait_for(started.exists, 90, "the task's command to start")
     urgent = subprocess.run(
         [
             "runuser",

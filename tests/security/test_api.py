@@ -26,6 +26,12 @@ def limited(server_factory):
     return server_factory(LIMITED)
 
 
+@pytest.fixture(scope="module")
+def limited_shared(module_server_factory):
+    """One server for the bad-input cases, which change nothing."""
+    return module_server_factory(LIMITED)
+
+
 def test_a_body_over_the_limit_is_refused_with_the_limit_and_the_fix(limited) -> None:
     with limited.api() as api:
         big = api.post("/tasks", json={"command": ["true"], "name": "x" * (3 << 20)})
@@ -80,8 +86,8 @@ def test_a_diff_over_the_limit_is_refused_with_the_limit_and_the_fix(limited) ->
         ("POST", "/sweeps/123456/cancel", None, 404),
     ],
 )
-def test_bad_input_is_a_4xx_with_a_reason(limited, method, path, body, status) -> None:
-    with limited.api() as api:
+def test_bad_input_is_a_4xx_with_a_reason(limited_shared, method, path, body, status) -> None:
+    with limited_shared.api() as api:
         answer = api.request(method, path, json=body)
     assert answer.status_code == status, answer.text
     assert answer.json()["detail"]
@@ -102,6 +108,7 @@ def _schemathesis() -> str:
     return found
 
 
+@pytest.mark.separate  # each fuzzing run is long: the two run on different workers
 @pytest.mark.parametrize("who", ["user", "admin"])
 def test_the_api_fuzzed_against_its_own_schema_answers_no_5xx(
     server_factory, who, tmp_path: Path
