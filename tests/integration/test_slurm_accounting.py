@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -48,8 +49,12 @@ def accounted(accounting_slurm_cluster) -> Iterator[tuple[Server, Path, dict[str
         remove_tree(folder)
 
 
-def slurmdbd_jobs(env: dict[str, str], tags: list[str]) -> dict[str, list[tuple[str, str]]]:
-    """slurmdbd's record of every job named by one of `tags`: name -> [(state, ExitCode)]."""
+def slurmdbd_jobs(
+    env: dict[str, str], tags: list[str], since: float
+) -> dict[str, list[tuple[str, str]]]:
+    """slurmdbd's record of every job named by one of `tags` that started after `since` (its
+    database outlives a test session, whose task ids start again at 1): name -> [(state,
+    ExitCode)]."""
     done = subprocess.run(
         [
             "sacct",
@@ -57,7 +62,7 @@ def slurmdbd_jobs(env: dict[str, str], tags: list[str]) -> dict[str, list[tuple[
             "--parsable2",
             "--allocations",
             "--allusers",
-            "--starttime=now-1hour",
+            f"--starttime={time.strftime('%Y-%m-%dT%H:%M:%S', time.localtime(since - 1))}",
             f"--name={','.join(tags)}",
             "--format=JobName,State,ExitCode",
         ],
@@ -75,6 +80,7 @@ def slurmdbd_jobs(env: dict[str, str], tags: list[str]) -> dict[str, list[tuple[
 
 def test_tasks_end_as_they_did_when_slurmdbd_alone_remembers_their_jobs(accounted):
     server, _job_root, env = accounted
+    since = time.time()
     token = server.make_token("alice")
 
     def submit(*command: str) -> int:
@@ -97,7 +103,7 @@ def test_tasks_end_as_they_did_when_slurmdbd_alone_remembers_their_jobs(accounte
     assert killed["state"] == "lost", killed
     assert f"job {killed['native_id']} ended (slurm FAILED, exit code 137)" in killed["reason"]
 
-    records = slurmdbd_jobs(env, [f"klique-{tid}" for tid in tasks.values()])
+    records = slurmdbd_jobs(env, [f"klique-{tid}" for tid in tasks.values()], since)
     assert records == {
         f"klique-{tasks['exit 3']}": [("FAILED", "3:0")],
         f"klique-{tasks['exit 130']}": [("FAILED", "2:0")],
