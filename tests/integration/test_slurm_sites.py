@@ -27,12 +27,10 @@ from conftest import ROOT, Server, start_server, stop_server, submitted_id, wait
 pytestmark = pytest.mark.slurm
 
 # Runs until the test creates the file named by its argument: the job stays RUNNING meanwhile.
-WAIT_FOR_FILE = "import os,sys,time\nwhile not os.path.exists(sys.argv[1]): time.sleep(0.1)"
+_UNTIL_FILE = "while not os.path.exists(sys.argv[1]): time.sleep(0.1)"
+WAIT_FOR_FILE = "import os,sys,time\n" + _UNTIL_FILE
 # The same, having first created the file named by its second argument.
-STARTED_THEN_WAIT = (
-    "import os,sys,time\nopen(sys.argv[2], 'a').close()\n"
-    "while not os.path.exists(sys.argv[1]): time.sleep(0.1)"
-)
+STARTED_THEN_WAIT = "import os,sys,time\nopen(sys.argv[2], 'a').close()\n" + _UNTIL_FILE
 
 
 @dataclass
