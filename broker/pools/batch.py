@@ -524,26 +524,25 @@ class BatchDriver(PoolDriver):
         if not state.final:
             self._missing_since.pop(task.id, None)
             if self._requeued(task, status, state):
-                return Observation(state, self._requeue_reason(status), requeued=True)
+                return Observation(TaskState.PENDING, self._requeue_reason(status), requeued=True)
             phase = self.PHASES.get(status.state, "")
             charged = not phase or phase in self._charged
             return Observation(state, self._reason(status), phase=phase, charged=charged)
         return self._final(task, status, exit_doc)
 
     def _requeued(self, task: Task, status: NativeStatus, state: TaskState) -> bool:
-        """A running task's job waits again: a real requeue only where the scheduler's restart
-        count grew since it was seen running (else the listing is older than the runner's
-        report). Without a count, nothing moves a running task back."""
+        """A running task's job was requeued: its restart count grew since it was seen. The
+        job may still show running (Slurm's COMPLETING while the old run ends) or run again
+        already when the next listing comes; the count alone tells. A listing older than the
+        runner's report has no greater count, and without a count nothing moves a running
+        task back. A count first seen running (the agent restarted) is only remembered."""
         if status.restarts is None:
             return False
-        known = self._restarts.get(task.id, 0)
-        if state is TaskState.RUNNING:
-            self._restarts[task.id] = max(known, status.restarts)
+        known = self._restarts.get(task.id)
+        self._restarts[task.id] = max(known or 0, status.restarts)
+        if task.state is not TaskState.RUNNING or status.restarts <= (known or 0):
             return False
-        if task.state is not TaskState.RUNNING or status.restarts <= known:
-            return False
-        self._restarts[task.id] = status.restarts
-        return True
+        return state is not TaskState.RUNNING or known is not None
 
     def _requeue_reason(self, status: NativeStatus) -> str:
         why = status.reason if status.reason not in ("", "None") else "no reason given"

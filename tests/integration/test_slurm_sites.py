@@ -59,6 +59,15 @@ def private_jobs_pool(site_slurm_cluster, test_users) -> Iterator[SitePool]:
     yield from serve(folder, job_root, path, site_slurm_cluster.conf, calls)
 
 
+@pytest.fixture
+def go(private_jobs_pool: SitePool, request: pytest.FixtureRequest) -> Iterator[Path]:
+    """The file a scenario's tasks wait for; made at the end whatever happened, so that a
+    failed scenario's tasks end and hold no CPU the next one needs."""
+    path = private_jobs_pool.folder / f"go-{request.node.name}"
+    yield path
+    path.touch()
+
+
 ESTATE = """
 resources:
   cpu:
@@ -108,9 +117,8 @@ def slurm_jobs(conf: Path, job_root: str) -> dict[str, list[tuple[str, str]]]:
     return found
 
 
-def test_every_users_job_is_seen_where_private_data_hides_them(private_jobs_pool):
+def test_every_users_job_is_seen_where_private_data_hides_them(private_jobs_pool, go):
     site = private_jobs_pool
-    go = site.folder / "go"
     tasks = {
         site.submit(user, JOB_PYTHON, "-c", WAIT_FOR_FILE, str(go)): user
         for user in ("alice", "bob", "alice", "bob")
@@ -151,12 +159,11 @@ def site_conf(site: SitePool) -> Path:
     return Path(site.env["SLURM_CONF"])
 
 
-def test_slurms_own_requeue_moves_a_running_task_back_to_pending(private_jobs_pool):
+def test_slurms_own_requeue_moves_a_running_task_back_to_pending(private_jobs_pool, go):
     """JobRequeue=1 and `scontrol requeue` (scontrol(1)): the running job goes back to Slurm's
     queue and runs again in its folder; its restart count grows, so Klique shows the task
     pending with Slurm's reason, then running, then completed: one job, one task."""
     site = private_jobs_pool
-    go = site.folder / "go-requeue"
     task_id = site.submit("alice", JOB_PYTHON, "-c", WAIT_FOR_FILE, str(go))
     alice = site.tokens["alice"]
     task = site.server.wait_state(task_id, {"running"}, timeout=90, token=alice)
@@ -187,12 +194,11 @@ def test_slurms_own_requeue_moves_a_running_task_back_to_pending(private_jobs_po
     assert records[f"klique-{task_id}"] == [(str(task["native_id"]), "COMPLETED")]
 
 
-def test_a_task_preempted_by_requeue_waits_and_runs_again(private_jobs_pool):
+def test_a_task_preempted_by_requeue_waits_and_runs_again(private_jobs_pool, go):
     """PreemptMode=REQUEUE: bob's job in the `urgent` partition needs the node that alice's
     task holds whole; Slurm requeues her job (same id, restart count 1) and runs bob's. Klique
     shows her task pending with Slurm's reason, then running again, then completed: one job."""
     site = private_jobs_pool
-    go = site.folder / "go-preempt"
     started = open_folder(site.folder / "marks") / "started"
     alice = site.tokens["alice"]
     env = {"PATH": "/usr/bin:/bin", **site.env}
@@ -252,11 +258,10 @@ def squeue_as(user: str, site: SitePool, *args: str) -> list[str]:
     return done.stdout.split()
 
 
-def test_a_task_in_a_hidden_partition_is_seen_to_its_end(private_jobs_pool):
+def test_a_task_in_a_hidden_partition_is_seen_to_its_end(private_jobs_pool, go):
     """squeue(1) --all: without it, jobs in partitions configured Hidden=YES are not listed
     (and squeue still exits 0); Klique's status asks with --all."""
     site = private_jobs_pool
-    go = site.folder / "go-hidden"
     alice = site.tokens["alice"]
     task_id = site.submit("alice", JOB_PYTHON, "-c", WAIT_FOR_FILE, str(go), resource="hidden")
     task = site.server.wait_state(task_id, {"running"}, timeout=90, token=alice)

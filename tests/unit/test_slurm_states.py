@@ -229,6 +229,32 @@ def test_only_a_grown_restart_count_moves_a_running_task_back_to_pending():
     assert requeued.reason == "requeued by slurm (restart 1): BeginTime"
 
 
+@pytest.mark.parametrize(
+    "after",
+    [
+        "COMPLETING|None|1",  # `scontrol requeue`: the old run still ends, the count grew already
+        "RUNNING|None|1",  # requeued and started again between two listings
+    ],
+)
+def test_a_requeue_seen_only_while_the_job_shows_running_still_moves_the_task_back(after):
+    driver, _, estate = slurm_pool(squeue_lines(["RUNNING|None|0", after, "RUNNING|None|1"]))
+    task = task_in(estate, TaskState.RUNNING)
+    assert poll(driver, [task]) == {}
+    requeued = poll(driver, [task])[1]
+    assert (requeued.state, requeued.requeued) == (TaskState.PENDING, True)
+    assert requeued.reason == "requeued by slurm (restart 1): no reason given"
+    again = poll(driver, [replace(task, state=TaskState.PENDING)])[1]
+    assert (again.state, again.requeued) == (TaskState.RUNNING, False)
+
+
+def test_a_count_first_seen_running_is_remembered_not_taken_for_a_requeue():
+    """The agent restarted: a job requeued before it is not requeued again now."""
+    driver, _, estate = slurm_pool(squeue_lines(["RUNNING|None|2", "PENDING|Priority|2"]))
+    task = task_in(estate, TaskState.RUNNING)
+    assert poll(driver, [task]) == {}
+    assert not poll(driver, [task])[1].requeued
+
+
 def test_the_control_plane_moves_a_running_task_back_only_on_a_requeue(store):
     _, _, estate = slurm_pool(squeue_showing(["RUNNING"]))
     link = StoreLink(store, estate)
