@@ -67,7 +67,25 @@ def _group(item: pytest.Item) -> str:
         return item.nodeid
     fixtures = getattr(item, "fixturenames", ())
     private = sorted(name for name in fixtures if name.endswith("_slurm_cluster"))
-    return private[0] if private else item.nodeid.split("::", 1)[0]
+    if private:
+        return private[0]
+    return item.nodeid.split("::", 1)[0] + _module_instance(item)
+
+
+def _module_instance(item: pytest.Item) -> str:
+    """Which instance of the file's parametrized module-scoped fixtures the test uses ("" for
+    none): the tests of one instance (one server per scheduler, say) share a worker, and the
+    instances spread over the workers."""
+    callspec = getattr(item, "callspec", None)
+    info = getattr(item, "_fixtureinfo", None)
+    if callspec is None or info is None:
+        return ""
+    shared = [
+        f"{name}[{index}]"
+        for name, index in sorted(callspec.indices.items())
+        if any(d.scope == "module" for d in info.name2fixturedefs.get(name, ()))
+    ]
+    return "::" + ",".join(shared) if shared else ""
 
 
 def _on_shared_slurm(item: pytest.Item) -> bool:

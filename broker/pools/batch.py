@@ -596,6 +596,12 @@ class BatchDriver(PoolDriver):
         self._missing_since.pop(task.id, None)
         self._phases.pop(task.id, None)
         self._restarts.pop(task.id, None)
+        if exit_doc is not None and state is TaskState.TIMEOUT:
+            # The scheduler's limit came while the task ran. A task that exits on the limit's
+            # SIGTERM may end before its runner has seen the signal, and the runner then writes
+            # "completed": the scheduler's record decides, the exit code is the task's.
+            code = observation_from_exit(exit_doc).exit_code
+            return Observation(state, self._reason(status) or "ran past its walltime", code)
         if exit_doc is not None and exit_doc.get("outcome") in RUNNER_OUTCOMES:
             return observation_from_exit(exit_doc)
         if exit_doc is None and status.state in self.NEVER_RAN:

@@ -84,7 +84,7 @@ def pool(request: Any, slurm_cluster: Any, test_users: Any) -> Iterator[BatchPoo
         stack.callback(remove_outputs, server)
         tokens = {u: server.make_token(u) for u in ("alice", "bob", "mallory")}
         slurm = "Requested node configuration is not available"
-        yield BatchPool(server, "torque", os.environ["PATH"], r"\d+", slurm, tokens)
+        yield BatchPool(server, "torque", os.environ["PATH"], r"\d+", slurm, request.param, tokens)
 
 
 def remove_outputs(server: Any) -> None:

@@ -136,7 +136,7 @@ def test_the_api_fuzzed_against_its_own_schema_answers_no_5xx(
             "not_a_server_error,response_schema_conformance,status_code_conformance,"
             "content_type_conformance",
             "--max-examples",
-            "25",
+            "15",
             "--seed",
             "1",
             "--generation-deterministic",

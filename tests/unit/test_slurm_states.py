@@ -302,3 +302,15 @@ def test_an_operators_own_hold_is_left_alone():
     driver, _, estate = slurm_pool(squeue_lines(["PENDING|JobHeldAdmin|1"], calls))
     poll(driver, [task_in(estate, TaskState.PENDING)])
     assert calls == []
+
+
+@pytest.mark.parametrize(("outcome", "code"), [("completed", 0), ("failed", 3)])
+def test_slurms_timeout_decides_over_a_runner_that_missed_the_walltime_signal(outcome, code):
+    """The task exited on Slurm's walltime SIGTERM before its runner saw the signal, so the
+    runner wrote an ordinary ending: Slurm's TIMEOUT decides, the task's exit code stays."""
+    driver, transport, estate = slurm_pool(squeue_lines(["TIMEOUT|TimeLimit|0"]))
+    doc = {"exit_code": code, "outcome": outcome, "reason": f"exited with code {code}"}
+    transport.files["/jobs/klique-1/exit.json"] = json.dumps(doc).encode()
+    seen = poll(driver, [task_in(estate, TaskState.RUNNING)])[1]
+    assert (seen.state, seen.exit_code) == (TaskState.TIMEOUT, code)
+    assert "walltime" in seen.reason
