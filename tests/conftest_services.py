@@ -258,3 +258,31 @@ def podman() -> Podman:
     cdi.mkdir(parents=True, exist_ok=True)
     (cdi / "klique-test-gpus.yaml").write_text(FAKE_GPU_SPEC)
     return Podman(image, PODMAN_RUN_ARGS, FAKE_GPU_KIND)
+
+
+# A host pool in docker mode for the podman tests: `$JOB_ROOT` is made by server_factory.
+DOCKER_ESTATE = """
+resources:
+  cpu:
+    profile: {{cpus: 1, memory: 1G, walltime: 1h, pools: [box]}}
+  short:
+    profile: {{cpus: 1, memory: 1G, walltime: 3s, pools: [box]}}
+  half-gpu:
+    profile: {{gpu_fraction: 0.5, cpus: 1, memory: 1G, walltime: 1h, pools: [box]}}
+pools:
+  box:
+    kind: host
+    slots: 8
+    gpus: 1
+    gpu_memory: 40G
+    mode: docker
+    runtime: podman
+    gpu_device: {gpu_device}
+    run_args: {run_args}
+    user_map: {{admin: alice, alice: alice, bob: bob}}
+    job_root: $JOB_ROOT
+"""
+
+
+def docker_estate(podman: Podman) -> str:
+    return DOCKER_ESTATE.format(gpu_device=podman.gpu_device, run_args=list(podman.run_args))

@@ -101,14 +101,16 @@ def publish(registry: Path, repository: str, tag: str, rootfs: Path, **config: o
 
 
 PODMAN_IMAGE = "localhost/klique-python:test"
+SETUID_PYTHON = "/usr/local/bin/setuid-python"
 # The host's git and the helpers `git clone` runs (they are git itself under other names).
 _GIT_HELPERS = ("git-upload-pack", "git-receive-pack", "git-remote-http", "git-remote-https")
 
 
 def podman_image(podman: str = "podman", name: str = PODMAN_IMAGE) -> str:
     """An image in podman's local store holding busybox, the host's python3 (with the libraries
-    of its extension modules) and git: imported from a root file system, as no registry is
-    reachable. Built once; later calls find it and return at once."""
+    of its extension modules), git, and a setuid-root copy of python3 (SETUID_PYTHON): imported
+    from a root file system, as no registry is reachable. Built once; later calls find it and
+    return at once."""
     if subprocess.run([podman, "image", "exists", name], capture_output=True).returncode == 0:
         return name
     with tempfile.TemporaryDirectory() as work:
@@ -124,6 +126,12 @@ def podman_image(podman: str = "podman", name: str = PODMAN_IMAGE) -> str:
         helpers.mkdir(parents=True, exist_ok=True)
         for helper in _GIT_HELPERS:
             (helpers / helper).symlink_to("/usr/bin/git")
+        # A setuid-root interpreter: what no-new-privileges must keep from elevating a task.
+        suid = rootfs / SETUID_PYTHON.lstrip("/")
+        suid.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(python, suid)
+        os.chown(suid, 0, 0)
+        suid.chmod(0o4755)
         tar = Path(work) / "rootfs.tar"
         subprocess.run(["tar", "-C", str(rootfs), "-cf", str(tar), "."], check=True)
         subprocess.run(

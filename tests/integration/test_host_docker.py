@@ -10,38 +10,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import HOST_ACCESS, Server, wait_for
+from conftest import Server, wait_for
+from conftest_services import docker_estate
 
 pytestmark = pytest.mark.podman
-
-ESTATE = """
-resources:
-  cpu:
-    profile: {{cpus: 1, memory: 1G, walltime: 1h, pools: [box]}}
-  short:
-    profile: {{cpus: 1, memory: 1G, walltime: 3s, pools: [box]}}
-  half-gpu:
-    profile: {{gpu_fraction: 0.5, cpus: 1, memory: 1G, walltime: 1h, pools: [box]}}
-pools:
-  box:
-    kind: host
-    slots: 8
-    gpus: 1
-    gpu_memory: 40G
-    mode: docker
-    runtime: podman
-    gpu_device: {gpu_device}
-    run_args: {run_args}
-    {access}
-"""
 
 
 @pytest.fixture(scope="module")
 def server(module_server_factory, podman) -> Iterator[Server]:
-    estate = ESTATE.format(
-        gpu_device=podman.gpu_device, run_args=list(podman.run_args), access=HOST_ACCESS
-    )
-    yield module_server_factory(estate)
+    yield module_server_factory(docker_estate(podman))
 
 
 @pytest.fixture(scope="module")
