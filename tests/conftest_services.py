@@ -284,5 +284,8 @@ pools:
 """
 
 
-def docker_estate(podman: Podman) -> str:
-    return DOCKER_ESTATE.format(gpu_device=podman.gpu_device, run_args=list(podman.run_args))
+def docker_estate(podman: Podman, pool: str) -> str:
+    """The estate with its pool named `pool`: a name of the test's own, so that the containers it
+    lists by their pool's label are its own (other tests' servers number their tasks from 1)."""
+    text = DOCKER_ESTATE.format(gpu_device=podman.gpu_device, run_args=list(podman.run_args))
+    return text.replace("box", pool)

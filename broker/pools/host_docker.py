@@ -175,7 +175,9 @@ class DockerHostDriver(HostDriver):
             )
         mode = os.stat(self.context.runner).st_mode
         if not mode & stat.S_IROTH:
-            os.chmod(self.context.runner, mode | stat.S_IROTH)  # read by the tasks' uids
+            # The tasks' uids read it through its mount; it is no secret (every job folder on
+            # the other pools holds a copy).
+            os.chmod(self.context.runner, mode | stat.S_IROTH)
         self.problems = problems
         return problems
 

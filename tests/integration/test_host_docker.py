@@ -4,13 +4,14 @@ alice's uid; the GPUs are fake CDI devices (tests/conftest_services.py `podman`)
 from __future__ import annotations
 
 import pwd
+import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Server, wait_for
+from conftest import Server, shared_folder, start_server, stop_server, wait_for
 from conftest_services import docker_estate
 
 pytestmark = pytest.mark.podman
@@ -18,7 +19,7 @@ pytestmark = pytest.mark.podman
 
 @pytest.fixture(scope="module")
 def server(module_server_factory, podman) -> Iterator[Server]:
-    yield module_server_factory(docker_estate(podman))
+    yield module_server_factory(docker_estate(podman, "docker-box"))
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +45,8 @@ def test_a_task_runs_in_its_image_as_its_account(server, image):
     assert (done["state"], done["exit_code"]) == ("completed", 0), done
     alice = pwd.getpwnam("alice")
     assert f"uid {alice.pw_uid} {alice.pw_gid}" in server.cli("logs", str(task_id)).output
-    assert not exists(Path(done["job_dir"]).name)  # --rm
+    name = Path(done["job_dir"]).name
+    wait_for(lambda: not exists(name), 30, f"container {name} to be removed (--rm)")
 
 
 def test_a_failing_task_keeps_its_exit_code(server, image):
@@ -101,3 +103,35 @@ def test_two_half_gpu_tasks_share_gpu_0_each_with_its_memory_cap(server, image):
     assert all(server.task(t)["state"] == "running" for t in tasks)  # both at once, on 1 GPU
     for task_id in tasks:
         server.cli("cancel", str(task_id))
+
+
+def test_a_restarted_server_finds_its_running_container_and_starts_no_other(tmp_path, podman):
+    job_root = shared_folder("klique-jobs-")
+    estate = tmp_path / "estate.yaml"
+    estate.write_text(docker_estate(podman, "restarted").replace("$JOB_ROOT", str(job_root)))
+    server = start_server(tmp_path / "home", estate)
+    try:
+        code = "import os, time\nwhile not os.path.exists('go'): time.sleep(0.1)\nprint('went')"
+        task_id = submit(server, code, image=podman.image)
+        job_dir = Path(server.wait_state(task_id, {"running"})["job_dir"])
+        stop_server(server)
+        server = start_server(tmp_path / "home", estate)
+        # Another task's end means the new server has looked at its containers at least once.
+        other = server.wait_state(submit(server, "print(1)", image=podman.image))
+        assert other["state"] == "completed"
+        found = server.task(task_id)
+        assert (found["state"], found["native_id"]) == ("running", job_dir.name)
+        assert len(labelled(task_id)) == 1
+        (job_dir / "go").touch()
+        done = server.wait_state(task_id)
+        assert (done["state"], done["exit_code"]) == ("completed", 0)
+        assert "went" in server.cli("logs", str(task_id)).output
+    finally:
+        stop_server(server)
+        shutil.rmtree(job_root, ignore_errors=True)
+
+
+def labelled(task_id: int) -> list[str]:
+    argv = ["podman", "ps", "--all", f"--filter=label=klique.dev/task={task_id}"]
+    argv += ["--filter=label=klique.dev/pool=restarted", "-q"]
+    return subprocess.run(argv, capture_output=True, text=True, check=True).stdout.split()

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.podman
 
 @pytest.fixture(scope="module")
 def server(module_server_factory, podman) -> Iterator[Server]:
-    yield module_server_factory(docker_estate(podman))
+    yield module_server_factory(docker_estate(podman, "attacked"))
 
 
 def post(server: Server, command: list[str], **extra: Any) -> Any:
@@ -40,7 +40,8 @@ def run(server: Server, code: str, image: str, python: str = "python3") -> tuple
 
 
 def containers_of(task_id: int) -> str:
-    argv = ["podman", "ps", "--all", f"--filter=label=klique.dev/task={task_id}", "-q"]
+    argv = ["podman", "ps", "--all", f"--filter=label=klique.dev/task={task_id}"]
+    argv += ["--filter=label=klique.dev/pool=attacked", "-q"]
     return subprocess.run(argv, capture_output=True, text=True, check=True).stdout
 
 
