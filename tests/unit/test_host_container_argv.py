@@ -3,7 +3,10 @@ task's container (broker/pools/host_docker.py)."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -72,9 +75,8 @@ def task(resource: str = "cpu", image: str | None = "localhost/py:3", **kw: obje
         spec=TaskSpec(command=("python3", "x.py"), resource=resource, image=image),
         owner="alice",
         team=None,
-        state=TaskState.PLACED,
         job_dir="/jobs/klique-7-1-abcdef",
-        **kw,  # type: ignore[arg-type]
+        **{"state": TaskState.PLACED, **kw},  # type: ignore[arg-type]
     )
 
 
@@ -173,3 +175,44 @@ def test_container_settings_need_docker_mode_and_exclude_a_runner_runtime():
     assert "container_runtime" in refusal(DOCKER + "    container_runtime: apptainer\n")
     assert "CDI device kind" in refusal(DOCKER + "    gpu_device: 'nvidia.com/gpu --x'\n")
     assert "mode" in refusal("    mode: kubernetes\n")
+
+
+def observe(tmp_path: Path, extra: str, started_at: float, alive: bool) -> tuple[Any, list]:
+    """What the driver makes of a task whose container is (not) running and left no exit file,
+    with the runtime's commands recorded instead of run."""
+    e = estate(extra)
+    driver = make_driver(e.pools["box"], Context(e, tmp_path, tmp_path / "r.pyz", None))
+    assert isinstance(driver, DockerHostDriver)
+    commands: list[list[str]] = []
+
+    async def command(argv: list[str]) -> tuple[int, str, str]:
+        commands.append(argv)
+        driver.containers.clear()  # a stop ends it
+        return 0, "", ""
+
+    async def no_files(paths: object, account: str) -> dict[str, bytes]:
+        return {}
+
+    driver._command = command  # type: ignore[method-assign]
+    driver.transport.read_files = no_files  # type: ignore[method-assign]
+    running = task(state=TaskState.RUNNING, native_id="klique-7-1-abcdef", started_at=started_at)
+    driver.containers = {"klique-7-1-abcdef"} if alive else set()
+    return asyncio.run(driver._observe(running, {})), commands
+
+
+def test_a_container_gone_past_its_walltime_is_a_timeout_and_before_it_is_lost(tmp_path):
+    late, commands = observe(tmp_path, DOCKER, time.time() - 3 * 3600, alive=False)
+    assert late.state is TaskState.TIMEOUT and "walltime (7200 s)" in late.reason
+    early, _ = observe(tmp_path, DOCKER, time.time(), alive=False)
+    assert early.state is TaskState.LOST and "exit.json" in early.reason
+    assert commands == []  # podman's --timeout ended it
+
+
+def test_docker_has_no_timeout_so_the_driver_stops_a_task_past_its_walltime(tmp_path):
+    seen, commands = observe(
+        tmp_path, DOCKER + "    runtime: docker\n", time.time() - 3 * 3600, True
+    )
+    assert commands[0][1:] == ["stop", "--time=10", "klique-7-1-abcdef"]
+    assert seen.state is TaskState.TIMEOUT
+    _, none = observe(tmp_path, DOCKER + "    runtime: docker\n", time.time(), alive=True)
+    assert none == []
