@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from broker.domain import Pool, Task, TaskState
-from broker.errors import KliqueError, NotPermitted, SubmitError
+from broker.errors import KliqueError, NotPermitted, SubmitError, SubmitUnknown
 from broker.pools import kube_pod
 from broker.pools.base import Context, Observation, PoolDriver, Submission
 from broker.pools.host import SYSTEM_PATH, HostDriver
@@ -53,6 +53,10 @@ RUN_ARGS: dict[str, re.Pattern[str]] = {
     "cpus": re.compile(r"[0-9]+(\.[0-9]+)?"),
 }
 CDI_KIND = re.compile(r"[a-z0-9.-]+\.[a-z]+/[a-z0-9_.-]+")  # vendor.tld/class (the CDI spec)
+
+
+class CommandTimeout(KliqueError):
+    """A runtime command that did not answer in time: what it did is unknown."""
 
 
 def check_run_arg(arg: str) -> str:
@@ -238,7 +242,10 @@ class DockerHostDriver(HostDriver):
         document = self.task_document(task, report_token, task.gpu_ids)
         files = {"task.json": (json.dumps(document, indent=2).encode(), 0o600)}
         await self.transport.write_files(run.job_dir, files, account=account)
-        code, _, err = await self._command(run_argv(run))
+        try:
+            code, _, err = await self._command(run_argv(run))
+        except CommandTimeout as exc:  # it may have started: the next look finds it by name
+            raise SubmitUnknown(str(exc)) from exc
         if code != 0:
             raise SubmitError(f"{self.runtime} could not start the task's container: {err}")
         self.containers.add(run.name)
@@ -302,19 +309,24 @@ class DockerHostDriver(HostDriver):
         with a clean environment."""
         env = {"PATH": SYSTEM_PATH + ":/usr/sbin:/sbin", "HOME": str(self.context.home)}
         env.update({k: os.environ[k] for k in ("LANG", "CONTAINERS_CONF") if k in os.environ})
-        proc = await asyncio.create_subprocess_exec(
-            *argv,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            env=env,
-        )
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                env=env,
+            )
+        except OSError as exc:
+            raise KliqueError(
+                f"cannot run {argv[0]}: {exc}; fix: install {self.runtime} on this host"
+            ) from exc
         try:
             out, err = await asyncio.wait_for(proc.communicate(), _COMMAND_TIMEOUT_S)
         except TimeoutError:
             proc.kill()
             await proc.wait()
             what = " ".join(argv[:2])
-            raise KliqueError(f"`{what}` took over {_COMMAND_TIMEOUT_S:.0f} s") from None
+            raise CommandTimeout(f"`{what}` took over {_COMMAND_TIMEOUT_S:.0f} s") from None
         words = err.decode(errors="replace").strip()
         return proc.returncode or 0, out.decode(errors="replace"), words
