@@ -72,6 +72,11 @@ class HostSettings(PoolSettings):
                 "in docker mode the task's image is the container, so container_runtime has no "
                 "use; fix: remove container_runtime (or set mode: venv)"
             )
+        if self.mode == "docker" and (self.cache_dir or self.container_scratch):
+            raise ValueError(
+                "in docker mode a task's container sees only its job folder, not the host's "
+                "cache_dir or container_scratch; fix: remove them (or set mode: venv)"
+            )
         if not host_docker.CDI_KIND.fullmatch(self.gpu_device):
             raise ValueError(
                 f"gpu_device {self.gpu_device!r} is not a CDI device kind; fix: VENDOR/CLASS, "

@@ -173,6 +173,7 @@ def test_run_args_that_mount_add_privileges_or_change_the_user_are_refused(arg):
 def test_container_settings_need_docker_mode_and_exclude_a_runner_runtime():
     assert "docker mode only" in refusal("    runtime: docker\n")
     assert "container_runtime" in refusal(DOCKER + "    container_runtime: apptainer\n")
+    assert "only its job folder" in refusal(DOCKER + "    cache_dir: /srv/cache\n")
     assert "CDI device kind" in refusal(DOCKER + "    gpu_device: 'nvidia.com/gpu --x'\n")
     assert "mode" in refusal("    mode: kubernetes\n")
 
