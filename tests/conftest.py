@@ -28,6 +28,7 @@ from conftest_services import (  # noqa: E402, F401
     ldap_url,
     multinode_slurm_cluster,
     oidc_url,
+    podman,
     postgres_url,
     services_on,
     site_slurm_cluster,

@@ -5,6 +5,7 @@ A fixture skips only when its script is absent (or fails when KLIQUE_REQUIRE_SER
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ SERVICE_MARKERS = {
     "postgres": "PostgreSQL",
     "ssh": "sshd on loopback",
     "chaos": "the chaos suite (it stops and starts services)",
+    "podman": "podman, running real containers",
 }
 
 
@@ -206,3 +208,84 @@ def oidc_url() -> str:
 def ldap_url() -> str:
     """The slapd of scripts/ldap-up (ldaps://127.0.0.1:6636; StartTLS on 3389)."""
     return run_script("ldap-up")
+
+
+@dataclass(frozen=True)
+class Podman:
+    image: str  # a Python image in podman's local store
+    run_args: tuple[str, ...]  # what podman needs on this kind of machine
+    gpu_device: str  # a CDI device kind whose devices 0 and 1 are fake GPUs
+
+
+# Podman on a VM whose cgroups are hybrid and whose hard nofile limit is low needs runc and
+# explicit limits (crun and podman's default limits fail there).
+PODMAN_RUN_ARGS = (
+    "--runtime=/usr/sbin/runc",
+    "--ulimit=nofile=1024:1024",
+    "--ulimit=nproc=1000:1000",
+)
+FAKE_GPU_KIND = "klique.test/gpu"
+# A CDI spec (github.com/cncf-tags/container-device-interface, SPEC.md, version 0.5.0) for two
+# GPUs that are not there: each sets a variable naming itself, as a real spec adds device nodes.
+FAKE_GPU_SPEC = f"""cdiVersion: "0.5.0"
+kind: {FAKE_GPU_KIND}
+devices:
+  - name: "0"
+    containerEdits:
+      env: ["KLIQUE_FAKE_GPU=0"]
+  - name: "1"
+    containerEdits:
+      env: ["KLIQUE_FAKE_GPU=1"]
+"""
+
+
+@pytest.fixture(scope="session")
+def podman() -> Podman:
+    """Podman with the tests' Python image (built once, tests/container_images.py) and a CDI
+    spec of fake GPUs in /var/run/cdi, one of podman's CDI folders."""
+    if not services_on():
+        pytest.skip(skip_reason("podman"))
+    binary = shutil.which("podman")
+    if binary is None or os.geteuid() != 0:
+        message = "needs podman (scripts/apt-deps installs it) and root, as the server runs"
+        if os.environ.get("KLIQUE_REQUIRE_SERVICES") == "1":
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
+    from container_images import podman_image
+
+    image = podman_image(binary)
+    cdi = Path("/var/run/cdi")
+    cdi.mkdir(parents=True, exist_ok=True)
+    (cdi / "klique-test-gpus.yaml").write_text(FAKE_GPU_SPEC)
+    return Podman(image, PODMAN_RUN_ARGS, FAKE_GPU_KIND)
+
+
+# A host pool in docker mode for the podman tests: `$JOB_ROOT` is made by server_factory.
+DOCKER_ESTATE = """
+resources:
+  cpu:
+    profile: {{cpus: 1, memory: 1G, walltime: 1h, pools: [box]}}
+  short:
+    profile: {{cpus: 1, memory: 1G, walltime: 3s, pools: [box]}}
+  half-gpu:
+    profile: {{gpu_fraction: 0.5, cpus: 1, memory: 1G, walltime: 1h, pools: [box]}}
+pools:
+  box:
+    kind: host
+    slots: 8
+    gpus: 1
+    gpu_memory: 40G
+    mode: docker
+    runtime: podman
+    gpu_device: {gpu_device}
+    run_args: {run_args}
+    user_map: {{admin: alice, alice: alice, bob: bob}}
+    job_root: $JOB_ROOT
+"""
+
+
+def docker_estate(podman: Podman, pool: str) -> str:
+    """The estate with its pool named `pool`: a name of the test's own, so that the containers it
+    lists by their pool's label are its own (other tests' servers number their tasks from 1)."""
+    text = DOCKER_ESTATE.format(gpu_device=podman.gpu_device, run_args=list(podman.run_args))
+    return text.replace("box", pool)

@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -97,3 +98,50 @@ def publish(registry: Path, repository: str, tag: str, rootfs: Path, **config: o
     shutil.copytree(rootfs, folder / "rootfs", symlinks=True)
     (folder / "config.json").write_text(json.dumps({"config": config}))
     return f"{REGISTRY_HOST}/{repository}:{tag}"
+
+
+PODMAN_IMAGE = "localhost/klique-python:test"
+SETUID_PYTHON = "/usr/local/bin/setuid-python"
+# The host's git and the helpers `git clone` runs (they are git itself under other names).
+_GIT_HELPERS = ("git-upload-pack", "git-receive-pack", "git-remote-http", "git-remote-https")
+
+
+def podman_image(podman: str = "podman", name: str = PODMAN_IMAGE) -> str:
+    """An image in podman's local store holding busybox, the host's python3 (with the libraries
+    of its extension modules), git, and a setuid-root copy of python3 (SETUID_PYTHON): imported
+    from a root file system, as no registry is reachable. Built once; later calls find it and
+    return at once."""
+    if subprocess.run([podman, "image", "exists", name], capture_output=True).returncode == 0:
+        return name
+    with tempfile.TemporaryDirectory() as work:
+        rootfs = busybox_rootfs(Path(work) / "rootfs")
+        add_python(rootfs)
+        python = os.path.realpath("/usr/bin/python3")
+        modules = glob.glob(f"/usr/lib/{os.path.basename(python)}/lib-dynload/*.so")
+        git = shutil.which("git") or "/usr/bin/git"
+        for path in {p for binary in [*modules, git] for p in _libraries(binary)}:
+            _copy_in(rootfs, path)
+        _copy_in(rootfs, git)
+        helpers = rootfs / "usr" / "lib" / "git-core"
+        helpers.mkdir(parents=True, exist_ok=True)
+        for helper in _GIT_HELPERS:
+            (helpers / helper).symlink_to("/usr/bin/git")
+        # A setuid-root interpreter: what no-new-privileges must keep from elevating a task.
+        suid = rootfs / SETUID_PYTHON.lstrip("/")
+        suid.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(python, suid)
+        os.chown(suid, 0, 0)
+        suid.chmod(0o4755)
+        tar = Path(work) / "rootfs.tar"
+        subprocess.run(["tar", "-C", str(rootfs), "-cf", str(tar), "."], check=True)
+        subprocess.run(
+            [podman, "import", "--quiet", str(tar), name], check=True, capture_output=True
+        )
+    return name
+
+
+def _copy_in(rootfs: Path, path: str) -> None:
+    target = rootfs / path.lstrip("/")
+    if not target.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, target)

@@ -18,7 +18,7 @@ import time
 from collections.abc import Sequence
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from broker.domain import Pool, Task, TaskState
 from broker.errors import KliqueError, NotPermitted, SubmitError
@@ -35,7 +35,7 @@ from broker.pools.registry import PoolKindSpec
 from broker.pools.settings import PoolSettings
 from broker.scheduler.placement import PoolState
 from broker.transport import LocalTransport
-from broker.units import SizeMB
+from broker.units import Seconds, SizeMB
 
 # A runner's environment: this allow-list, never the server's own (database URLs, tokens).
 SYSTEM_PATH = "/usr/local/bin:/usr/bin:/bin"
@@ -52,6 +52,39 @@ class HostSettings(PoolSettings):
     slots: int = Field(1, ge=1)  # tasks at once
     gpus: int = Field(0, ge=0)  # GPUs on the host, ids 0..gpus-1
     gpu_memory: SizeMB = 0  # memory of one GPU, for memory-sized requests
+    # docker: each task's runner runs in its image, in a container (broker/pools/host_docker.py)
+    mode: Literal["venv", "docker"] = "venv"
+    runtime: Literal["podman", "docker"] = "podman"
+    run_args: list[str] = []  # docker mode: limits added to `run`, e.g. --ulimit=nofile=1024:1024
+    gpu_device: str = "nvidia.com/gpu"  # docker mode, podman: the GPUs' CDI device kind
+    stop_grace: Seconds = 10  # docker mode: from SIGTERM to SIGKILL when a task is stopped
+
+    @model_validator(mode="after")
+    def _container_settings(self) -> HostSettings:
+        from broker.pools import host_docker
+
+        if self.mode == "venv" and (self.run_args or "runtime" in self.model_fields_set):
+            raise ValueError(
+                "runtime and run_args apply in docker mode only; fix: set mode: docker"
+            )
+        if self.mode == "docker" and self.container_runtime:
+            raise ValueError(
+                "in docker mode the task's image is the container, so container_runtime has no "
+                "use; fix: remove container_runtime (or set mode: venv)"
+            )
+        if self.mode == "docker" and (self.cache_dir or self.container_scratch):
+            raise ValueError(
+                "in docker mode a task's container sees only its job folder, not the host's "
+                "cache_dir or container_scratch; fix: remove them (or set mode: venv)"
+            )
+        if not host_docker.CDI_KIND.fullmatch(self.gpu_device):
+            raise ValueError(
+                f"gpu_device {self.gpu_device!r} is not a CDI device kind; fix: VENDOR/CLASS, "
+                "e.g. nvidia.com/gpu"
+            )
+        for arg in self.run_args:
+            host_docker.check_run_arg(arg)
+        return self
 
 
 POOL_KIND = PoolKindSpec(
@@ -70,6 +103,14 @@ def system_python() -> str:
 
 class HostDriver(PoolDriver):
     transport: LocalTransport
+
+    def __new__(cls, pool: Pool, context: Context) -> HostDriver:
+        # A pool in docker mode is served by the driver of broker/pools/host_docker.py.
+        if cls is HostDriver and pool.settings.get("mode") == "docker":
+            from broker.pools.host_docker import DockerHostDriver
+
+            return super().__new__(DockerHostDriver)
+        return super().__new__(cls)
 
     def __init__(self, pool: Pool, context: Context) -> None:
         super().__init__(pool, context)

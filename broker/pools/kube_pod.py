@@ -177,11 +177,21 @@ def gpu_limits(request: PodRequest, forms: GpuForms) -> tuple[dict[str, int], in
     if forms.mig:
         return {forms.mig: 1}, None
     if forms.shared:
-        cap = request.gpu_memory_mb
-        if cap is None and request.gpu_fraction is not None and forms.gpu_memory_mb:
-            cap = int(request.gpu_fraction * forms.gpu_memory_mb)
+        cap = memory_share_mb(request.gpu_fraction, request.gpu_memory_mb, forms.gpu_memory_mb)
         return {forms.shared: 1}, cap
     return {forms.whole: 1}, None  # no sharing configured: a fraction takes a whole GPU
+
+
+def memory_share_mb(
+    gpu_fraction: float | None, gpu_memory_mb: int | None, one_gpu_mb: int
+) -> int | None:
+    """A share of a GPU as the cap on its memory (MiB) the runner enforces: the amount asked
+    for, else the fraction of one GPU's memory (None: no share, or the GPU's size unknown)."""
+    if gpu_memory_mb is not None:
+        return gpu_memory_mb
+    if gpu_fraction is not None and one_gpu_mb:
+        return int(gpu_fraction * one_gpu_mb)
+    return None
 
 
 def klique_fields(request: PodRequest, forms: GpuForms) -> dict[str, Any]:

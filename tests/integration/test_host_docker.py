@@ -1,0 +1,137 @@
+"""A host pool in docker mode, for real: podman runs each task's runner in the task's image, as
+alice's uid; the GPUs are fake CDI devices (tests/conftest_services.py `podman`)."""
+
+from __future__ import annotations
+
+import pwd
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import Server, shared_folder, start_server, stop_server, wait_for
+from conftest_services import docker_estate
+
+pytestmark = pytest.mark.podman
+
+
+@pytest.fixture(scope="module")
+def server(module_server_factory, podman) -> Iterator[Server]:
+    yield module_server_factory(docker_estate(podman, "docker-box"))
+
+
+@pytest.fixture(scope="module")
+def image(podman) -> str:
+    return str(podman.image)
+
+
+def submit(server: Server, code: str, resource: str = "cpu", **extra: Any) -> int:
+    body = {"command": ["python3", "-c", code], "resource": resource, **extra}
+    with server.api(server.make_token("alice")) as api:
+        answer = api.post("/tasks", json=body)
+    assert answer.status_code in (200, 201), answer.text
+    return int(answer.json()["id"])
+
+
+def exists(name: str) -> bool:
+    return subprocess.run(["podman", "container", "exists", name]).returncode == 0
+
+
+def test_a_task_runs_in_its_image_as_its_account(server, image):
+    task_id = submit(server, "import os; print('uid', os.getuid(), os.getgid())", image=image)
+    done = server.wait_state(task_id)
+    assert (done["state"], done["exit_code"]) == ("completed", 0), done
+    alice = pwd.getpwnam("alice")
+    assert f"uid {alice.pw_uid} {alice.pw_gid}" in server.cli("logs", str(task_id)).output
+    name = Path(done["job_dir"]).name
+    wait_for(lambda: not exists(name), 30, f"container {name} to be removed (--rm)")
+
+
+def test_a_failing_task_keeps_its_exit_code(server, image):
+    done = server.wait_state(submit(server, "import sys; sys.exit(3)", image=image))
+    assert (done["state"], done["exit_code"]) == ("failed", 3)
+
+
+def test_cancel_stops_the_container_and_it_is_gone(server, image):
+    task_id = submit(server, "import time; print('up', flush=True); time.sleep(600)", image=image)
+    running = server.wait_state(task_id, {"running"})
+    name = Path(running["job_dir"]).name
+    assert exists(name)
+    result = server.cli("cancel", str(task_id))
+    assert result.exit_code == 0 and "cancelled" in result.output
+    assert server.wait_state(task_id)["state"] == "cancelled"
+    wait_for(lambda: not exists(name), 30, f"container {name} to be gone")
+
+
+def test_a_task_past_its_walltime_is_ended_as_a_timeout(server, image):
+    task_id = submit(server, "import time; time.sleep(600)", resource="short", image=image)
+    done = server.wait_state(task_id, timeout=60)
+    assert done["state"] == "timeout", done
+    assert "walltime" in done["reason"]
+
+
+def test_an_image_that_does_not_exist_fails_with_podmans_words(server):
+    done = server.wait_state(submit(server, "print(1)", image="localhost/no-such-image:1"))
+    assert done["state"] == "failed"
+    assert "image not known" in done["reason"] and "no-such-image" in done["reason"]
+
+
+def test_a_task_without_an_image_is_refused_with_the_fix(server):
+    done = server.wait_state(submit(server, "print(1)"))
+    assert done["state"] == "failed"
+    assert "has no image" in done["reason"] and "--image" in done["reason"]
+
+
+def test_two_half_gpu_tasks_share_gpu_0_each_with_its_memory_cap(server, image):
+    show = (
+        "import os, time; e = os.environ; print('gpu', e.get('KLIQUE_FAKE_GPU'), "
+        "e.get('CUDA_VISIBLE_DEVICES'), e.get('CUDA_MPS_PINNED_DEVICE_MEM_LIMIT'), flush=True); "
+        "time.sleep(600)"
+    )
+    env = {"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=80G"}  # the task's own cannot lift the cap
+    tasks = [submit(server, show, resource="half-gpu", image=image, env=env) for _ in range(2)]
+    expected = "gpu 0 0 0=20480M"
+    for task_id in tasks:
+        server.wait_state(task_id, {"running"})
+        wait_for(
+            lambda t=task_id: expected in server.cli("logs", str(t)).output,
+            30,
+            f"task {task_id} to print its GPU",
+        )
+    assert all(server.task(t)["state"] == "running" for t in tasks)  # both at once, on 1 GPU
+    for task_id in tasks:
+        server.cli("cancel", str(task_id))
+
+
+def test_a_restarted_server_finds_its_running_container_and_starts_no_other(tmp_path, podman):
+    job_root = shared_folder("klique-jobs-")
+    estate = tmp_path / "estate.yaml"
+    estate.write_text(docker_estate(podman, "restarted").replace("$JOB_ROOT", str(job_root)))
+    server = start_server(tmp_path / "home", estate)
+    try:
+        code = "import os, time\nwhile not os.path.exists('go'): time.sleep(0.1)\nprint('went')"
+        task_id = submit(server, code, image=podman.image)
+        job_dir = Path(server.wait_state(task_id, {"running"})["job_dir"])
+        stop_server(server)
+        server = start_server(tmp_path / "home", estate)
+        # Another task's end means the new server has looked at its containers at least once.
+        other = server.wait_state(submit(server, "print(1)", image=podman.image))
+        assert other["state"] == "completed"
+        found = server.task(task_id)
+        assert (found["state"], found["native_id"]) == ("running", job_dir.name)
+        assert len(labelled(task_id)) == 1
+        (job_dir / "go").touch()
+        done = server.wait_state(task_id)
+        assert (done["state"], done["exit_code"]) == ("completed", 0)
+        assert "went" in server.cli("logs", str(task_id)).output
+    finally:
+        stop_server(server)
+        shutil.rmtree(job_root, ignore_errors=True)
+
+
+def labelled(task_id: int) -> list[str]:
+    argv = ["podman", "ps", "--all", f"--filter=label=klique.dev/task={task_id}"]
+    argv += ["--filter=label=klique.dev/pool=restarted", "-q"]
+    return subprocess.run(argv, capture_output=True, text=True, check=True).stdout.split()
