@@ -14,13 +14,19 @@ def test_the_installed_package_renders_batch_scripts(installed_klique: Path) -> 
     klique = str(installed_klique / "klique")
     shown = subprocess.run(
         [klique, "template", "render", "-r", "1-gpu", "--estate", str(estate)],
-        capture_output=True, text=True, check=False, cwd="/",
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd="/",
     )
     assert shown.returncode == 0, shown.stderr
     assert "#SBATCH --gres=gpu:1" in shown.stdout and "klique-runner.pyz" in shown.stdout
     checked = subprocess.run(
         [klique, "estate", "check", "--file-only", str(estate)],
-        capture_output=True, text=True, check=False, cwd="/",
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd="/",
     )
     assert checked.returncode == 0, checked.stderr
     used = [line for line in checked.stdout.splitlines() if line.startswith("template for")]

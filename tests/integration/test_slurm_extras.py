@@ -44,15 +44,29 @@ def job_root(slurm_cluster):
 def job_ids(tag: str | None = None) -> list[int]:
     """Ids of the jobs Slurm still lists (all, or those named `tag`)."""
     argv = ["squeue", "--noheader", "--states=all", "--format=%i"]
-    out = subprocess.run(argv + ([f"--name={tag}"] if tag else []), capture_output=True,
-                         text=True, check=True).stdout
+    out = subprocess.run(
+        argv + ([f"--name={tag}"] if tag else []), capture_output=True, text=True, check=True
+    ).stdout
     return [int(x) for x in out.split()]
 
 
 def newest_job_id() -> int:
-    probe = subprocess.run(["runuser", "-u", "alice", "--", "sbatch", "--parsable", "--hold",
-                            "--output=/dev/null", "--wrap=true"], capture_output=True, text=True,
-                           check=True).stdout.strip()
+    probe = subprocess.run(
+        [
+            "runuser",
+            "-u",
+            "alice",
+            "--",
+            "sbatch",
+            "--parsable",
+            "--hold",
+            "--output=/dev/null",
+            "--wrap=true",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     subprocess.run(["scancel", probe], check=True)
     return int(probe)
 
@@ -61,8 +75,9 @@ def test_a_task_cancelled_while_queued_in_klique_never_reaches_slurm(tmp_path, j
     estate = parse_estate(ESTATE.format(job_root=job_root, python=JOB_PYTHON))
     store = Store.open(f"sqlite:///{tmp_path / 'k.db'}")
     context = Context(estate, tmp_path, build_runner(tmp_path), None)
-    scheduler = Scheduler(store, estate, {"slurm": SlurmDriver(estate.pools["slurm"], context)},
-                          tmp_path)
+    scheduler = Scheduler(
+        store, estate, {"slurm": SlurmDriver(estate.pools["slurm"], context)}, tmp_path
+    )
     task = store.create_task(TaskSpec(command=("true",), resource="cpu"), "alice", None)
     before = newest_job_id()
 
@@ -85,8 +100,20 @@ def test_a_staged_uv_builds_the_tasks_environment_on_the_node(server_factory, jo
     server = server_factory(ESTATE.format(job_root=job_root, python=JOB_PYTHON))
     alice = server.make_token("alice")
     code = "import six, sys; print('six', six.__version__, sys.prefix)"
-    task_id = submitted_id(server.cli("submit", "--no-code", "--json", "--requirement",
-                                      "six==1.16.0", "--", "python", "-c", code, token=alice))
+    task_id = submitted_id(
+        server.cli(
+            "submit",
+            "--no-code",
+            "--json",
+            "--requirement",
+            "six==1.16.0",
+            "--",
+            "python",
+            "-c",
+            code,
+            token=alice,
+        )
+    )
     task = server.wait_state(task_id, token=alice, timeout=180)
     logs = server.cli("logs", str(task_id), token=alice).output
     assert task["state"] == "completed", (task, logs)

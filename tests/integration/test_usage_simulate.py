@@ -16,7 +16,8 @@ from broker.usage import Run, parse_since, summarise
 PY = TASK_PY
 LONG = [PY, "-c", "import time; time.sleep(600)"]
 
-ESTATE = """
+ESTATE = (
+    """
 teams:
   vision: [alice]
   nlp: [bob]
@@ -28,11 +29,14 @@ pools:
     kind: host
     slots: 4
     gpus: 2
-    """ + HOST_ACCESS + """
+    """
+    + HOST_ACCESS
+    + """
 policies:
   vision: {resources: [1-gpu]}
   nlp: {resources: [1-gpu]}
 """
+)
 
 
 def submit(server: Server, token: str, command: list[str], project: str = "default") -> int:
