@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -82,10 +83,11 @@ def _module_instance(item: pytest.Item) -> str:
     if callspec is None or info is None:
         return ""
     shared = [
-        f"{name}[{index}]"
+        f"{name}={index}"
         for name, index in sorted(callspec.indices.items())
         if any(d.scope == "module" for d in info.name2fixturedefs.get(name, ()))
     ]
+    # No "]" at the end: xdist takes a group name ending with one for a test's parameters.
     return "::" + ",".join(shared) if shared else ""
 
 
@@ -150,6 +152,11 @@ def shared_folder(prefix: str = "klique-test-") -> Path:
     return path
 
 
+# httpx builds a new SSL context for every client it makes (about 50 ms of CPU), even for plain
+# HTTP; the tests make a client for each request they poll with, so they share one context.
+HTTP_TLS = ssl.create_default_context()
+
+
 def wait_for(
     condition: Callable[[], Any],
     timeout: float = 30.0,
@@ -203,6 +210,7 @@ class Server:
         return httpx.Client(
             base_url=self.url + "/api/v1",
             timeout=30,
+            verify=HTTP_TLS,
             headers={"Authorization": f"Bearer {token or self.token}"},
         )
 
@@ -225,7 +233,7 @@ class Server:
             return found["state"] in states
 
         try:
-            wait_for(reached, timeout, f"task {task_id} to reach {sorted(states)}")
+            wait_for(reached, timeout, f"task {task_id} to reach {sorted(states)}", interval=0.1)
         except AssertionError as exc:
             log = (self.home / "server.log").read_text()[-3000:]
             raise AssertionError(f"{exc}; last seen: {found}\nserver log:\n{log}") from None
@@ -253,7 +261,8 @@ def start_server(
         if process.poll() is not None:
             raise AssertionError(f"server exited: {(home / 'server.log').read_text()}")
         try:
-            return httpx.get(url + "/api/v1/health", timeout=1).status_code == 200
+            health = httpx.get(url + "/api/v1/health", timeout=1, verify=HTTP_TLS)
+            return health.status_code == 200
         except httpx.TransportError:
             return False
 

@@ -102,9 +102,10 @@ def slurm_cluster(test_users: tuple[str, str]) -> SlurmCluster:
 # A second, private cluster beside the shared one, with a site's ordinary settings that the shared
 # cluster must not be given: PrivateData=jobs (squeue shows each user only their own jobs),
 # JobRequeue=1 (a batch job goes back to the queue after a node failure), a hidden partition
-# (squeue lists its jobs only with --all), and preemption by requeue: a job of the `urgent`
+# (squeue lists its jobs only with --all), preemption by requeue: a job of the `urgent`
 # partition (a higher PriorityTier) that needs the node puts the jobs in its way back to the
-# queue (slurm.conf(5) PreemptType=preempt/partition_prio, PreemptMode=REQUEUE). Its own folder
+# queue (slurm.conf(5) PreemptType=preempt/partition_prio, PreemptMode=REQUEUE), and a Prolog
+# that a test can make fail once (tests/data/slurm/prolog-fails-once). Its own folder
 # and ports; munge is shared; /etc/slurm keeps pointing at the shared cluster.
 SITE_SLURM = {
     "KLIQUE_SLURM_DIR": "/tmp/klique-slurm-sites",
@@ -114,7 +115,8 @@ SITE_SLURM = {
     "KLIQUE_SLURM_CONF_EXTRA": "PrivateData=jobs\nJobRequeue=1\n"
     "PartitionName=hidden Nodes=localhost MaxTime=INFINITE State=UP Hidden=YES\n"
     "PreemptType=preempt/partition_prio\nPreemptMode=REQUEUE\n"
-    "PartitionName=urgent Nodes=localhost MaxTime=INFINITE State=UP PriorityTier=10",
+    "PartitionName=urgent Nodes=localhost MaxTime=INFINITE State=UP PriorityTier=10\n"
+    f"Prolog={Path(__file__).parent / 'data/slurm/prolog-fails-once'}",
 }
 
 

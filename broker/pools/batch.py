@@ -94,6 +94,9 @@ class BatchDriver(PoolDriver):
     PHASES: ClassVar[Mapping[str, str]] = {}
     # Native end states of a job that never ran (its node failed to boot): it goes again.
     NEVER_RAN: ClassVar[frozenset[str]] = frozenset()
+    # Native states, counted as running, of a job whose run is ending: seen with a restart
+    # count that grew, the job was just requeued.
+    ENDING: ClassVar[frozenset[str]] = frozenset()
     # Status reasons of a job the scheduler requeued and held after its launch failed: the
     # pool's `requeued_held` releases it, or withdraws it (the task goes again from Klique).
     HELD_AFTER_FAILED_LAUNCH: ClassVar[re.Pattern[str] | None] = None
@@ -532,17 +535,20 @@ class BatchDriver(PoolDriver):
 
     def _requeued(self, task: Task, status: NativeStatus, state: TaskState) -> bool:
         """A running task's job was requeued: its restart count grew since it was seen. The
-        job may still show running (Slurm's COMPLETING while the old run ends) or run again
-        already when the next listing comes; the count alone tells. A listing older than the
-        runner's report has no greater count, and without a count nothing moves a running
-        task back. A count first seen running (the agent restarted) is only remembered."""
+        job may still show its old run ending (Slurm's COMPLETING), or run again already when
+        the next listing comes; the count alone tells. A listing older than the runner's report
+        has no greater count, and without a count nothing moves a running task back. A job
+        first seen running with a count (the agent has just started) was requeued before: the
+        count is only remembered."""
         if status.restarts is None:
             return False
         known = self._restarts.get(task.id)
         self._restarts[task.id] = max(known or 0, status.restarts)
         if task.state is not TaskState.RUNNING or status.restarts <= (known or 0):
             return False
-        return state is not TaskState.RUNNING or known is not None
+        if state is TaskState.RUNNING and known is None:
+            return status.state in self.ENDING
+        return True
 
     def _requeue_reason(self, status: NativeStatus) -> str:
         why = status.reason if status.reason not in ("", "None") else "no reason given"

@@ -146,6 +146,9 @@ class SlurmDriver(BatchDriver):
     PHASES = SLURM_PHASES
     # sacct(1): BOOT_FAIL ends a job whose launch failed and that Slurm could not requeue.
     NEVER_RAN = frozenset({"BOOT_FAIL"})
+    # squeue(1) after `scontrol requeue`, a node failure or a preemption: COMPLETING, with the
+    # restart count already grown, while the old run ends (observed on Slurm 22.05).
+    ENDING = frozenset({"COMPLETING"})
     # slurmctld (src/slurmctld/job_mgr.c) requeues a batch job whose launch failed and holds
     # it: squeue's reason reads "launch failed requeued held". A hold of an operator's own
     # (`scontrol requeuehold`, JobHeldAdmin, JobHeldUser) is left alone.

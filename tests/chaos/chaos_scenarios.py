@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from conftest import ROOT, Server, free_port, wait_for
+from conftest import HTTP_TLS, ROOT, Server, free_port, wait_for
 
 from broker.domain import Task, TaskSpec, TaskState
 from broker.store.repository import Store, default_url
@@ -340,7 +340,8 @@ class ChaosRun:
             if process.poll() is not None:
                 return True
             try:
-                return httpx.get(url + "/api/v1/health", timeout=1).status_code == 200
+                health = httpx.get(url + "/api/v1/health", timeout=1, verify=HTTP_TLS)
+                return health.status_code == 200
             except httpx.TransportError:
                 return False
 

@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 from conftest import (
+    HTTP_TLS,
     ROOT,
     Server,
     free_port,
@@ -75,7 +76,7 @@ class Emulator:
 
     def _up(self) -> bool:
         try:
-            return httpx.get(self.pods_url(), timeout=1).status_code == 200
+            return httpx.get(self.pods_url(), timeout=1, verify=HTTP_TLS).status_code == 200
         except httpx.TransportError:
             return False
 
@@ -83,7 +84,8 @@ class Emulator:
         return f"{self.url}/api/v1/namespaces/{NAMESPACE}/pods"
 
     def pods(self, task_id: int) -> list[dict[str, Any]]:
-        answer = httpx.get(self.pods_url(), params={"labelSelector": f"klique.dev/task={task_id}"})
+        selector = {"labelSelector": f"klique.dev/task={task_id}"}
+        answer = httpx.get(self.pods_url(), params=selector, verify=HTTP_TLS)
         return list(answer.json()["items"])
 
     def lists(self) -> int:

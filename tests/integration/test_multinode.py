@@ -6,6 +6,7 @@ with the worst of its ranks' endings."""
 from __future__ import annotations
 
 import json
+import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,12 +21,14 @@ from batch_helpers import (
     search_path,
     shared_folder,
 )
-from conftest import Server, start_server, stop_server, submitted_id
+from conftest import Server, start_server, stop_server, submitted_id, wait_for
 
 pytestmark = pytest.mark.slurm
 
 ESTATE = """
 resources:
+  one:
+    profile: {cpus: 1, memory: 100M, walltime: 10m, pools: [batch]}
   pair:
     profile: {cpus: 1, memory: 100M, walltime: 10m, nodes: 2, pools: [batch]}
 pools:
@@ -68,15 +71,30 @@ while True:
 """
 
 
+# Creates the file named by its second argument, then runs until the file named by its first
+# exists.
+STARTED_THEN_WAIT = """
+import os, sys, time
+open(sys.argv[2], "a").close()
+while not os.path.exists(sys.argv[1]):
+    time.sleep(0.1)
+"""
+
+
 @dataclass
 class NodesPool:
     server: Server
     job_root: Path
     token: str
+    env: dict[str, str]  # Slurm's commands, as root, on this cluster
 
-    def submit(self, script: str) -> int:
-        args = ("submit", "--no-code", "--json", "-r", "pair", "--", JOB_PYTHON, "-c", script)
-        return submitted_id(self.server.cli(*args, token=self.token))
+    def submit(self, script: str, *args: str, resource: str = "pair") -> int:
+        argv = ("submit", "--no-code", "--json", "-r", resource, "--", JOB_PYTHON, "-c", script)
+        return submitted_id(self.server.cli(*argv, *args, token=self.token))
+
+    def slurm(self, *argv: str) -> str:
+        done = subprocess.run(argv, capture_output=True, text=True, check=True, env=self.env)
+        return done.stdout
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +107,8 @@ def nodes_pool(multinode_slurm_cluster) -> Iterator[NodesPool]:
     env = {"PATH": path, "SLURM_CONF": str(multinode_slurm_cluster.conf)}
     server = start_server(folder / "home", estate, env)
     try:
-        yield NodesPool(server, job_root, server.make_token("alice"))
+        root_env = {"PATH": "/usr/bin:/bin", "SLURM_CONF": env["SLURM_CONF"]}
+        yield NodesPool(server, job_root, server.make_token("alice"), root_env)
     finally:
         stop_server(server)
         remove_tree(job_root)
@@ -123,3 +142,51 @@ def test_a_rank_that_fails_ends_the_task_with_its_reason(nodes_pool):
     assert task["exit_code"] == 3, task
     rank1 = pool.server.cli("logs", str(task_id), "--rank", "1", token=pool.token).output
     assert "rank 1 gives up" in rank1, rank1
+
+
+def test_a_node_that_fails_sends_its_task_back_to_pending_and_it_runs_again(nodes_pool):
+    """slurm.conf(5) JobRequeue (default 1) and the script's --requeue: the node under a running
+    job goes DOWN, slurmctld requeues the job (NODE_FAIL in its records, the same job id, restart
+    count 1). Klique shows the task pending with the requeue, then running again, then
+    completed: one job, one task."""
+    pool = nodes_pool
+    marks = open_folder(pool.job_root / "marks-node-failure")
+    go, started = marks / "go", marks / "started"
+    task_id = pool.submit(STARTED_THEN_WAIT, str(go), str(started), resource="one")
+    try:
+        task = pool.server.wait_state(task_id, {"running"}, timeout=90, token=pool.token)
+        job = str(task["native_id"])
+        wait_for(started.exists, 90, "the task's command to start")
+        node = pool.slurm("squeue", "--noheader", f"--jobs={job}", "--format=%N").strip()
+        assert node in ("n1", "n2"), node
+
+        def moves() -> list[tuple[str, str]]:
+            task = pool.server.task(task_id, pool.token)
+            return [(e["from"], e["to"]) for e in task["events"]]
+
+        try:
+            pool.slurm("scontrol", "update", f"nodename={node}", "state=down", "reason=failed")
+            wait_for(lambda: ("running", "pending") in moves(), 120, "the task back to pending")
+        finally:  # ReturnToService=2 returns it once its slurmd answers; a resume is quicker
+            subprocess.run(
+                ["scontrol", "update", f"nodename={node}", "state=resume"],
+                capture_output=True,
+                env=pool.env,
+                check=False,
+            )
+        # Slurm holds a requeued job back (BeginTime); an operator's start-now ends that wait.
+        pool.slurm("scontrol", "update", f"jobid={job}", "StartTime=now")
+        wait_for(lambda: moves()[-1] == ("pending", "running"), 180, "the run after the failure")
+    finally:
+        go.touch()
+    ended = pool.server.wait_state(task_id, timeout=90, token=pool.token)
+    assert ended["state"] == "completed", ended
+    back = [e for e in ended["events"] if (e["from"], e["to"]) == ("running", "pending")]
+    assert len(back) == 1 and back[0]["reason"].startswith("requeued by slurm (restart 1)"), back
+    listed = pool.slurm("squeue", "--all", "--states=all", "--noheader", "--format=%i|%j|%T|%o")
+    records = [line.strip().split("|", 3) for line in listed.splitlines()]
+    tag, here = f"klique-{task_id}", f"{pool.job_root}/"
+    ours = [
+        (i, state) for i, name, state, script in records if name == tag and script.startswith(here)
+    ]
+    assert ours == [(job, "COMPLETED")], listed

@@ -274,6 +274,39 @@ def test_a_task_in_a_hidden_partition_is_seen_to_its_end(private_jobs_pool, go):
     assert records[f"klique-{task_id}"] == [(job, "COMPLETED")]
 
 
+def test_a_job_held_after_its_launch_failed_is_released_and_runs(private_jobs_pool):
+    """The node's Prolog fails (slurm.conf(5) Prolog): slurmd drains the node, slurmctld requeues
+    the job and holds it, squeue's reason "launch failed requeued held". The pool's
+    `requeued_held: release` (the default) has Klique release it as the task's account, and
+    says so; once an operator resumes the node the job runs: the task completes, one job."""
+    site = private_jobs_pool
+    alice = site.tokens["alice"]
+    env = {"PATH": "/usr/bin:/bin", **site.env}
+    fail_once = site_conf(site).parent / "fail-next-prolog"
+    fail_once.touch()
+    try:
+        task_id = site.submit("alice", "true")
+
+        def released() -> dict | None:
+            task = site.server.task(task_id, alice)
+            return task if "released by Klique" in task["reason"] else None
+
+        task = wait_for(released, 120, "Klique to release the held job")
+    finally:
+        fail_once.unlink(missing_ok=True)
+        resume = ["scontrol", "update", "nodename=localhost", "state=resume"]
+        subprocess.run(resume, env=env, capture_output=True, check=False)
+    assert task["state"] == "pending", task
+    assert "launch failed requeued held" in task["reason"], task
+    assert task["reason"].endswith("released by Klique (requeued_held: release)"), task
+    start_now = ["scontrol", "update", f"jobid={task['native_id']}", "StartTime=now"]
+    subprocess.run(start_now, check=True, env=env)  # past Slurm's hold of a requeued job
+    ended = site.server.wait_state(task_id, timeout=120, token=alice)
+    assert ended["state"] == "completed", ended
+    records = slurm_jobs(site_conf(site), f"{site.job_root}/")
+    assert records[f"klique-{task_id}"] == [(str(task["native_id"]), "COMPLETED")]
+
+
 def test_estate_check_says_which_status_mode_the_pool_uses(private_jobs_pool):
     site = private_jobs_pool
     done = subprocess.run(

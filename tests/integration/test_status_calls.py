@@ -20,7 +20,7 @@ from batch_helpers import (
     search_path,
     shared_folder,
 )
-from conftest import Server, start_server, stop_server, wait_for
+from conftest import HTTP_TLS, Server, start_server, stop_server, wait_for
 
 TASKS = 500
 POLL_INTERVAL_S = 1.0
@@ -59,7 +59,8 @@ def tasks_in(server: Server, token: str, state: str) -> list[dict[str, Any]]:
 
 def looks(server: Server) -> int:
     """How many times the pool's agent has looked at its pool."""
-    return int(httpx.get(server.url + "/api/v1/health", timeout=10).json()["looks"]["batch"])
+    health = httpx.get(server.url + "/api/v1/health", timeout=10, verify=HTTP_TLS)
+    return int(health.json()["looks"]["batch"])
 
 
 def covers_the_pool(scheduler: str, call: str, native_ids: set[str]) -> bool:

@@ -255,6 +255,14 @@ def test_a_count_first_seen_running_is_remembered_not_taken_for_a_requeue():
     assert not poll(driver, [task])[1].requeued
 
 
+def test_a_requeue_seen_at_the_first_listing_of_a_job_still_moves_the_task_back():
+    """The runner reported running before any listing showed the job, then it was requeued:
+    the first listing shows its old run ending with the grown count."""
+    driver, _, estate = slurm_pool(squeue_lines(["COMPLETING|None|1"]))
+    requeued = poll(driver, [task_in(estate, TaskState.RUNNING)])[1]
+    assert (requeued.state, requeued.requeued) == (TaskState.PENDING, True)
+
+
 def test_the_control_plane_moves_a_running_task_back_only_on_a_requeue(store):
     _, _, estate = slurm_pool(squeue_showing(["RUNNING"]))
     link = StoreLink(store, estate)
