@@ -3,10 +3,14 @@ in a container that podman (or Docker) starts with the uid and gid of the task's
 
 The container's argv is built here without I/O (`run_argv`), from validated values only: the
 checked image reference, numbers, the job folder Klique chose and the pool's checked
-`run_args`. The container gets two mounts, the runner zipapp (read-only) and the job folder
-(at its own path, so task.json's paths hold inside), `--security-opt no-new-privileges`, every
-capability dropped, `--rm`, a name (the job folder's: the task's tag, attempt and a random
-part) and labels with the task id and the pool, by which a restarted server finds it again.
+`run_args`. The container gets two mounts, the runner zipapp (read-only) and the attempt's
+folder, which holds the job folder (both at their own paths, so task.json's paths hold inside).
+The server makes the attempt's folder, fresh, in the sticky job root; run as root it is root's
+(see `make_mount_folder`), so the account cannot swap the path podman resolves as root for a
+link elsewhere: what the account does inside it is resolved inside the container. It also gets
+`--security-opt no-new-privileges`, every capability dropped, `--rm`, a name (the attempt's
+folder's: the task's tag, attempt and a random part) and labels with the task id and the pool,
+by which a restarted server finds it again.
 
 Podman and Docker agree on every option used here (docs.podman.io podman-run(1), Docker's
 `docker run` reference) but two: GPUs (podman names CDI devices, `--device nvidia.com/gpu=N`;
@@ -18,6 +22,7 @@ A container sees only the GPUs it was given, numbered from 0, so the runner is t
 from __future__ import annotations
 
 import asyncio
+import grp
 import json
 import os
 import pwd
@@ -53,6 +58,7 @@ RUN_ARGS: dict[str, re.Pattern[str]] = {
     "cpus": re.compile(r"[0-9]+(\.[0-9]+)?"),
 }
 CDI_KIND = re.compile(r"[a-z0-9.-]+\.[a-z]+/[a-z0-9_.-]+")  # vendor.tld/class (the CDI spec)
+JOB_FOLDER = "job"  # the job folder, inside the attempt's folder that the container mounts
 
 
 class CommandTimeout(KliqueError):
@@ -100,7 +106,8 @@ def run_argv(run: ContainerRun) -> list[str]:
     argv = [run.binary, "run", "--detach", "--rm", "--pull=never", f"--name={run.name}"]
     argv += [f"--label={LABEL_TASK}={run.task_id}", f"--label={LABEL_POOL}={run.pool}"]
     argv += [f"--user={run.uid}:{run.gid}", "--security-opt=no-new-privileges", "--cap-drop=all"]
-    argv += [f"--volume={run.runner}:{RUNNER_PATH}:ro", f"--volume={run.job_dir}:{run.job_dir}"]
+    mount = mount_folder(run.job_dir)
+    argv += [f"--volume={run.runner}:{RUNNER_PATH}:ro", f"--volume={mount}:{mount}"]
     argv += [f"--workdir={run.job_dir}", f"--env=HOME={run.job_dir}", "--env=PYTHONUNBUFFERED=1"]
     argv += gpu_args(run.runtime, run.gpu_kind, run.gpu_ids)
     if run.runtime == "podman":
@@ -151,8 +158,50 @@ def image_of(task: Task) -> str:
 
 
 def container_name(task: Task) -> str:
-    """The job folder's name (klique-<task>-<attempt>-<random>): the attempt's own."""
-    return str(task.job_dir).rstrip("/").rsplit("/", 1)[-1]
+    """The attempt's folder's name (klique-<task>-<attempt>-<random>): the attempt's own."""
+    return mount_folder(str(task.job_dir)).rsplit("/", 1)[-1]
+
+
+def mount_folder(job_dir: str) -> str:
+    """The folder a task's container mounts: the one that holds its job folder."""
+    return job_dir.rstrip("/").rsplit("/", 1)[0]
+
+
+def make_mount_folder(path: str, gid: int) -> None:
+    """Make the attempt's folder, new, in the job root (a sticky folder: mkdir never follows a
+    link and fails on any name that exists). Run as root (podman as root resolves the mount's
+    path), it is root's with the account's private group, mode 1770: the account makes its job
+    folder inside, and cannot rename, remove or replace the folder itself. Otherwise it is the
+    server's own account's, which is the account that runs the task."""
+    parent, name = os.path.split(path)
+    parent_fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.mkdir(name, 0o700, dir_fd=parent_fd)
+        if os.geteuid() != 0:
+            return
+        fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=parent_fd)
+        try:
+            os.fchown(fd, 0, gid)
+            os.fchmod(fd, 0o1770)
+        finally:
+            os.close(fd)
+    finally:
+        os.close(parent_fd)
+
+
+def private_group_problem(account: str, gid: int) -> str | None:
+    """The account's primary group must be its own (a user private group): its members may
+    write in the folder the container mounts."""
+    try:
+        group = grp.getgrgid(gid)
+    except KeyError:
+        return f"account {account!r} has primary group {gid}, which does not exist"
+    if group.gr_name != account or set(group.gr_mem) - {account}:
+        return (
+            f"account {account!r} has primary group {group.gr_name!r}, which is not its own "
+            "private group"
+        )
+    return None
 
 
 class DockerHostDriver(HostDriver):
@@ -188,6 +237,10 @@ class DockerHostDriver(HostDriver):
     async def python_problem(self, account: str) -> str | None:
         return None  # the image's interpreter: a container that cannot start it fails to start
 
+    def new_job_dir(self, task: Task) -> str:
+        """The job folder, inside the attempt's folder that the container mounts."""
+        return f"{super().new_job_dir(task)}/{JOB_FOLDER}"
+
     def uv_setting(self) -> str | None:
         # A staged uv lives in a host folder the container does not see.
         found = PoolDriver.uv_setting(self)
@@ -217,6 +270,13 @@ class DockerHostDriver(HostDriver):
                 "is 0; Klique never runs a container as root; fix: map the user to an "
                 "ordinary account in the pool's user_map"
             )
+        problem = private_group_problem(account, entry.pw_gid)
+        if problem and os.geteuid() == 0:
+            raise NotPermitted(
+                f"pool {self.pool.name!r} runs {task.owner!r}'s containers as {account!r}: "
+                f"{problem}, and docker mode gives that group the folder the container mounts; "
+                "fix: give the account a group of its own (useradd's default on Debian)"
+            )
         profile = self.context.estate.resources[task.resource].profile
         return ContainerRun(
             runtime=self.runtime,
@@ -241,6 +301,12 @@ class DockerHostDriver(HostDriver):
         run = self.container_run(task, account)
         document = self.task_document(task, report_token, task.gpu_ids)
         files = {"task.json": (json.dumps(document, indent=2).encode(), 0o600)}
+        try:
+            await asyncio.to_thread(make_mount_folder, mount_folder(run.job_dir), run.gid)
+        except OSError as exc:
+            raise SubmitError(
+                f"cannot make the folder of task {task.id}'s container: {exc}"
+            ) from exc
         await self.transport.write_files(run.job_dir, files, account=account)
         try:
             code, _, err = await self._command(run_argv(run))

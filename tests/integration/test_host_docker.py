@@ -57,7 +57,7 @@ def test_a_failing_task_keeps_its_exit_code(server, image):
 def test_cancel_stops_the_container_and_it_is_gone(server, image):
     task_id = submit(server, "import time; print('up', flush=True); time.sleep(600)", image=image)
     running = server.wait_state(task_id, {"running"})
-    name = Path(running["job_dir"]).name
+    name = Path(running["job_dir"]).parent.name  # the attempt's folder, which it mounts
     assert exists(name)
     result = server.cli("cancel", str(task_id))
     assert result.exit_code == 0 and "cancelled" in result.output
@@ -110,6 +110,7 @@ def test_a_restarted_server_finds_its_running_container_and_starts_no_other(tmp_
     estate = tmp_path / "estate.yaml"
     estate.write_text(docker_estate(podman, "restarted").replace("$JOB_ROOT", str(job_root)))
     server = start_server(tmp_path / "home", estate)
+    task_id = 0
     try:
         code = "import os, time\nwhile not os.path.exists('go'): time.sleep(0.1)\nprint('went')"
         task_id = submit(server, code, image=podman.image)
@@ -120,7 +121,7 @@ def test_a_restarted_server_finds_its_running_container_and_starts_no_other(tmp_
         other = server.wait_state(submit(server, "print(1)", image=podman.image))
         assert other["state"] == "completed"
         found = server.task(task_id)
-        assert (found["state"], found["native_id"]) == ("running", job_dir.name)
+        assert (found["state"], found["native_id"]) == ("running", job_dir.parent.name)
         assert len(labelled(task_id)) == 1
         (job_dir / "go").touch()
         done = server.wait_state(task_id)
@@ -128,6 +129,8 @@ def test_a_restarted_server_finds_its_running_container_and_starts_no_other(tmp_
         assert "went" in server.cli("logs", str(task_id)).output
     finally:
         stop_server(server)
+        for container in labelled(task_id):  # a failed run's container, running on
+            subprocess.run(["podman", "rm", "--force", container], capture_output=True, check=False)
         shutil.rmtree(job_root, ignore_errors=True)
 
 

@@ -12,11 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from batch_helpers import open_folder, remove_tree, shared_folder
 from conftest import Server
 from conftest_services import docker_estate
 from container_images import SETUID_PYTHON
 
-from broker.pools.host_docker import RUNNER_PATH
+from broker.pools.host_docker import RUNNER_PATH, make_mount_folder
 
 pytestmark = pytest.mark.podman
 
@@ -109,3 +110,28 @@ def test_the_job_folder_is_the_accounts_own_on_the_host(server, podman):
     done, _ = run(server, "open('made-in-container', 'w').write('1')", podman.image)
     made = Path(done["job_dir"]) / "made-in-container"
     assert made.stat().st_uid == pwd.getpwnam("alice").pw_uid
+
+
+def test_the_folder_a_container_mounts_cannot_be_swapped_by_its_account(test_users):
+    """Podman, run as root, resolves a mount's path with root's rights, so the account must not
+    be able to put a link to a folder of root's in its place. The attempt's folder is root's,
+    with the account's private group: alice makes her job folder in it, and can neither move
+    nor remove the folder itself; bob cannot write in it."""
+    root = shared_folder("klique-mounts-")
+    try:
+        jobs = open_folder(root / "jobs")  # a job root: sticky, everyone's
+        folder = jobs / "klique-1-1-0123456789ab"
+        make_mount_folder(str(folder), pwd.getpwnam("alice").pw_gid)
+
+        def as_user(user: str, *argv: str) -> int:
+            return subprocess.run(["runuser", "-u", user, "--", *argv], check=False).returncode
+
+        assert as_user("alice", "mkdir", str(folder / "job")) == 0
+        assert as_user("alice", "mv", str(folder), str(jobs / "moved")) != 0
+        assert as_user("alice", "rm", "-rf", str(folder)) != 0
+        assert as_user("alice", "ln", "-sfT", "/root", str(folder)) != 0
+        assert as_user("bob", "mkdir", str(folder / "planted")) != 0
+        assert folder.is_dir() and not folder.is_symlink()
+        assert sorted(p.name for p in folder.iterdir()) == []  # alice emptied her own job folder
+    finally:
+        remove_tree(root)

@@ -4,6 +4,8 @@ task's container (broker/pools/host_docker.py)."""
 from __future__ import annotations
 
 import asyncio
+import os
+import pwd
 import time
 from pathlib import Path
 from typing import Any
@@ -19,7 +21,10 @@ from broker.pools.host_docker import (
     RUNNER_PATH,
     ContainerRun,
     DockerHostDriver,
+    container_name,
     image_of,
+    mount_folder,
+    private_group_problem,
     run_argv,
 )
 from broker.pools.registry import make_driver
@@ -60,7 +65,7 @@ def run(**changes: object) -> ContainerRun:
         "pool": "box",
         "image": "localhost/py:3",
         "python": "python3",
-        "job_dir": "/jobs/klique-7-1-abcdef",
+        "job_dir": "/jobs/klique-7-1-abcdef/job",
         "runner": "/srv/klique/runner/klique-runner.pyz",
         "uid": 1001,
         "gid": 1001,
@@ -75,7 +80,7 @@ def task(resource: str = "cpu", image: str | None = "localhost/py:3", **kw: obje
         spec=TaskSpec(command=("python3", "x.py"), resource=resource, image=image),
         owner="alice",
         team=None,
-        job_dir="/jobs/klique-7-1-abcdef",
+        job_dir="/jobs/klique-7-1-abcdef/job",
         **{"state": TaskState.PLACED, **kw},  # type: ignore[arg-type]
     )
 
@@ -95,7 +100,7 @@ def test_a_podman_container_has_the_accounts_ids_two_mounts_and_no_privileges():
     assert "--device=nvidia.com/gpu=2" in argv and "--timeout=3600" in argv
     image = argv.index("localhost/py:3")
     assert argv[image - 1] == "--ulimit=nofile=1024:1024"  # the site's limits come before it
-    assert argv[image:] == ["localhost/py:3", "python3", RUNNER_PATH, "/jobs/klique-7-1-abcdef"]
+    assert argv[image:] == ["localhost/py:3", "python3", RUNNER_PATH, "/jobs/klique-7-1-abcdef/job"]
 
 
 def test_docker_names_gpus_with_its_hook_and_has_no_timeout():
@@ -217,3 +222,14 @@ def test_docker_has_no_timeout_so_the_driver_stops_a_task_past_its_walltime(tmp_
     assert seen.state is TaskState.TIMEOUT
     _, none = observe(tmp_path, DOCKER + "    runtime: docker\n", time.time(), alive=True)
     assert none == []
+
+
+def test_the_container_mounts_the_attempts_folder_and_is_named_after_it():
+    assert container_name(task()) == "klique-7-1-abcdef"
+    assert mount_folder("/jobs/klique-7-1-abcdef/job") == "/jobs/klique-7-1-abcdef"
+
+
+def test_an_account_without_a_private_group_is_named_with_the_reason():
+    own = pwd.getpwuid(os.getuid())
+    assert private_group_problem("somebody-else", own.pw_gid) is not None
+    assert "does not exist" in str(private_group_problem("x", 2**31 - 7))
