@@ -195,3 +195,18 @@ def count_lines(path: Path) -> list[str]:
 
 def remove_tree(folder: Path) -> None:
     shutil.rmtree(folder, ignore_errors=True)
+
+
+def start_now(env: dict[str, str], job: str) -> None:
+    """An operator's `scontrol update StartTime=now` on a requeued job, once Slurm lists it
+    PENDING: while its old run still ends (COMPLETING), the requeue's own BeginTime, set when
+    that ends, would overwrite it."""
+
+    def pending() -> bool:
+        listed = ["squeue", "--noheader", f"--jobs={job}", "--format=%T"]
+        done = subprocess.run(listed, capture_output=True, text=True, check=False, env=env)
+        return done.stdout.strip() == "PENDING"
+
+    wait_for(pending, 120, f"job {job} to be pending in Slurm")
+    update = ["scontrol", "update", f"jobid={job}", "StartTime=now"]
+    subprocess.run(update, check=True, env=env)

@@ -218,6 +218,9 @@ class DockerHostDriver(HostDriver):
         self.run_args = tuple(str(a) for a in settings.get("run_args") or ())  # type: ignore[attr-defined]
         self.containers: set[str] = set()  # this pool's running containers, as last listed
         self._stopped: set[int] = set()  # tasks stopped at their walltime by this driver
+        # When this driver asked for each task's container: podman's --timeout counts from the
+        # container's start, later than this and earlier than the task's recorded times.
+        self._launched: dict[int, float] = {}
 
     async def check(self) -> list[str]:
         problems = list(await PoolDriver.check(self))  # the job root; no host interpreter
@@ -308,6 +311,7 @@ class DockerHostDriver(HostDriver):
                 f"cannot make the folder of task {task.id}'s container: {exc}"
             ) from exc
         await self.transport.write_files(run.job_dir, files, account=account)
+        self._launched[task.id] = time.time()
         try:
             code, _, err = await self._command(run_argv(run))
         except CommandTimeout as exc:  # it may have started: the next look finds it by name
@@ -340,12 +344,14 @@ class DockerHostDriver(HostDriver):
 
     async def _observe(self, task: Task, files: dict[str, bytes]) -> Observation | None:
         walltime = self.context.estate.resources[task.resource].profile.walltime_s
-        started = task.started_at or task.submitted_at
+        started = self._launched.get(task.id) or task.submitted_at or task.started_at
         late = started is not None and time.time() - started >= walltime
         if late and self.runtime == "docker" and self._alive(task):
             self._stopped.add(task.id)  # Docker has no --timeout: stopped here, as a cancel
             await self.cancel(task)
         seen = await super()._observe(task, files)
+        if seen is not None and seen.state.final:
+            self._launched.pop(task.id, None)
         if seen is None or seen.state not in (TaskState.LOST, TaskState.FAILED):
             return seen
         stopped = task.id in self._stopped

@@ -20,6 +20,7 @@ from batch_helpers import (
     remove_tree,
     search_path,
     shared_folder,
+    start_now,
 )
 from conftest import Server, start_server, stop_server, submitted_id, wait_for
 
@@ -175,7 +176,7 @@ def test_a_node_that_fails_sends_its_task_back_to_pending_and_it_runs_again(node
                 check=False,
             )
         # Slurm holds a requeued job back (BeginTime); an operator's start-now ends that wait.
-        pool.slurm("scontrol", "update", f"jobid={job}", "StartTime=now")
+        start_now(pool.env, job)
         wait_for(lambda: moves()[-1] == ("pending", "running"), 180, "the run after the failure")
     finally:
         go.touch()

@@ -21,6 +21,7 @@ from batch_helpers import (
     remove_tree,
     search_path,
     shared_folder,
+    start_now,
 )
 from conftest import ROOT, Server, start_server, stop_server, submitted_id, wait_for
 
@@ -180,8 +181,7 @@ def test_slurms_own_requeue_moves_a_running_task_back_to_pending(private_jobs_po
     wait_for(lambda: ("running", "pending") in moves(), 120, "the task back to pending")
     # Slurm holds a requeued job back (BeginTime, two minutes here) and starts it at its next
     # scheduling pass; once Klique has shown the move, an operator's start-now ends that wait.
-    release = ["scontrol", "update", f"jobid={task['native_id']}", "StartTime=now"]
-    subprocess.run(release, check=True, env=env)
+    start_now(env, str(task["native_id"]))
     wait_for(running_again, 240, "the run after the requeue")
     go.touch()
     ended = site.server.wait_state(task_id, timeout=90, token=alice)
@@ -234,8 +234,7 @@ def test_a_task_preempted_by_requeue_waits_and_runs_again(private_jobs_pool, go)
 
     wait_for(lambda: ("running", "pending") in moves(), 120, "the task back to pending")
     wait_for(lambda: not squeue_as("bob", site, f"--jobs={urgent}"), 120, "bob's job to end")
-    release = ["scontrol", "update", f"jobid={task['native_id']}", "StartTime=now"]
-    subprocess.run(release, check=True, env=env)  # past Slurm's hold of a requeued job
+    start_now(env, str(task["native_id"]))  # past Slurm's hold of a requeued job
     wait_for(lambda: moves()[-1] == ("pending", "running"), 240, "the run after preemption")
     go.touch()
     ended = site.server.wait_state(task_id, timeout=90, token=alice)
@@ -299,8 +298,7 @@ def test_a_job_held_after_its_launch_failed_is_released_and_runs(private_jobs_po
     assert task["state"] == "pending", task
     assert "launch failed requeued held" in task["reason"], task
     assert task["reason"].endswith("released by Klique (requeued_held: release)"), task
-    start_now = ["scontrol", "update", f"jobid={task['native_id']}", "StartTime=now"]
-    subprocess.run(start_now, check=True, env=env)  # past Slurm's hold of a requeued job
+    start_now(env, str(task["native_id"]))  # past Slurm's hold of a requeued job
     ended = site.server.wait_state(task_id, timeout=120, token=alice)
     assert ended["state"] == "completed", ended
     records = slurm_jobs(site_conf(site), f"{site.job_root}/")
