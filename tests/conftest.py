@@ -47,7 +47,9 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Each file's tests stay together on one worker of a parallel run (`-n N --dist
-    loadgroup`), except that every test on the shared Slurm cluster joins one group, so that
+    loadgroup`), or each instance's where the file has a parametrized module-scoped fixture
+    (one server per scheduler), except that every test on the shared Slurm cluster joins one
+    group, so that
     cluster sees one test at a time, as in a serial run, the tests of a private cluster (a
     `*_slurm_cluster` fixture) join its group, so that one worker starts and stops it, and a
     test marked `separate` is a group of its own.
