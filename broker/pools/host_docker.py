@@ -308,7 +308,9 @@ class DockerHostDriver(HostDriver):
             await asyncio.to_thread(make_mount_folder, mount_folder(run.job_dir), run.gid)
         except OSError as exc:
             raise SubmitError(
-                f"cannot make the folder of task {task.id}'s container: {exc}"
+                f"cannot make the folder of task {task.id}'s container in {self.job_root}: "
+                f"{exc}; fix: make the pool's job_root a folder of root's with mode 1777 "
+                "(install -d -m 1777 PATH)"
             ) from exc
         await self.transport.write_files(run.job_dir, files, account=account)
         self._launched[task.id] = time.time()
