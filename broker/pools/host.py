@@ -18,7 +18,7 @@ import time
 from collections.abc import Sequence
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from broker.domain import Pool, Task, TaskState
 from broker.errors import KliqueError, NotPermitted, SubmitError
@@ -58,14 +58,17 @@ class HostSettings(PoolSettings):
     run_args: list[str] = []  # docker mode: limits added to `run`, e.g. --ulimit=nofile=1024:1024
     gpu_device: str = "nvidia.com/gpu"  # docker mode, podman: the GPUs' CDI device kind
     stop_grace: Seconds = 10  # docker mode: from SIGTERM to SIGKILL when a task is stopped
+    image: str | None = None  # docker mode: the image of tasks that name none
 
     @model_validator(mode="after")
     def _container_settings(self) -> HostSettings:
         from broker.pools import host_docker
 
-        if self.mode == "venv" and (self.run_args or "runtime" in self.model_fields_set):
+        if self.mode == "venv" and (
+            self.run_args or self.image or "runtime" in self.model_fields_set
+        ):
             raise ValueError(
-                "runtime and run_args apply in docker mode only; fix: set mode: docker"
+                "runtime, run_args and image apply in docker mode only; fix: set mode: docker"
             )
         if self.mode == "docker" and self.container_runtime:
             raise ValueError(
@@ -85,6 +88,13 @@ class HostSettings(PoolSettings):
         for arg in self.run_args:
             host_docker.check_run_arg(arg)
         return self
+
+    @field_validator("image")
+    @classmethod
+    def _image(cls, image: str | None) -> str | None:
+        from broker.pools import host_docker
+
+        return image and host_docker.check_image(image, "the pool's image")
 
 
 POOL_KIND = PoolKindSpec(

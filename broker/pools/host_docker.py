@@ -137,24 +137,36 @@ def stop_argv(binary: str, name: str, grace_s: int) -> list[str]:
     return [binary, "stop", f"--time={grace_s}", name]
 
 
-def image_of(task: Task) -> str:
-    """The task's image: a checked registry reference (a path on the host is no image here)."""
+def image_of(task: Task, default: str | None = None) -> str:
+    """The task's image, else the pool's: a checked registry reference."""
     where = f"task {task.id} on a host pool in docker mode"
-    if not task.spec.image:
+    if not task.spec.image and not default:
         raise SubmitError(
             f"{where} has no image: its runner runs inside the task's image; fix: submit it "
-            "with an image (`klique submit --image REFERENCE`), or to a pool in venv mode"
+            "with an image (`klique submit --image REFERENCE`), give the pool an `image`, or "
+            "send it to a pool in venv mode"
         )
+    if not task.spec.image:
+        return str(default)
     try:
-        image = imageref.check(task.spec.image)
+        return check_image(task.spec.image, where)
+    except ValueError as exc:
+        raise SubmitError(str(exc)) from exc
+
+
+def check_image(image: str, where: str) -> str:
+    """A registry reference in the runtime's store, without a docker:// scheme; ValueError
+    naming `where` for anything else (an option, a path on the host)."""
+    try:
+        checked = imageref.check(image)
     except imageref.ImageError as exc:
-        raise SubmitError(f"{where}: {exc}") from exc
-    if imageref.is_local(image):
-        raise SubmitError(
-            f"{where}: image {image!r} is a path; podman and Docker run images from their "
+        raise ValueError(f"{where}: {exc}") from exc
+    if imageref.is_local(checked):
+        raise ValueError(
+            f"{where}: image {checked!r} is a path; podman and Docker run images from their "
             "store; fix: give a reference (`podman import` or `podman load` the image first)"
         )
-    return image.removeprefix("docker://")
+    return checked.removeprefix("docker://")
 
 
 def container_name(task: Task) -> str:
@@ -213,6 +225,7 @@ class DockerHostDriver(HostDriver):
         self.runtime = str(settings.get("runtime") or "podman")
         self.binary = shutil.which(self.runtime, path=SYSTEM_PATH + ":/usr/sbin") or self.runtime
         self.python = str(settings.get("python") or "python3")  # the image's interpreter
+        self.image = str(settings.get("image") or "") or None  # for tasks that name none
         self.grace_s = int(str(settings.get("stop_grace") or 10))
         self.gpu_kind = str(settings.get("gpu_device") or "nvidia.com/gpu")
         self.run_args = tuple(str(a) for a in settings.get("run_args") or ())  # type: ignore[attr-defined]
@@ -287,7 +300,7 @@ class DockerHostDriver(HostDriver):
             name=container_name(task),
             task_id=task.id,
             pool=self.pool.name,
-            image=image_of(task),
+            image=image_of(task, self.image),
             python=self.python,
             job_dir=str(task.job_dir),
             runner=str(self.context.runner),

@@ -7,29 +7,14 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
-import subprocess
-import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from conftest import (
-    HTTP_TLS,
-    ROOT,
-    Server,
-    free_port,
-    shared_folder,
-    start_server,
-    stop_server,
-    wait_for,
-)
-
-EMULATOR = ROOT / "tests" / "fakes" / "kubernetes" / "kube-emulator"
-IMAGE = "localhost/python:3.11"
-NAMESPACE = "klique"
+from conftest import Server, shared_folder, start_server, stop_server, wait_for
+from kube_helpers import IMAGE, NAMESPACE, Emulator
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the kubelet stand-in runs pods as alice")
 
@@ -57,51 +42,6 @@ pools:
     shared_gpu_resource: nvidia.com/gpu.shared
     gpu_memory: 40G
 """
-
-
-class Emulator:
-    def __init__(self) -> None:
-        self.state = Path(tempfile.mkdtemp(prefix="klique-kube-", dir="/tmp"))
-        self.state.chmod(0o755)  # alice reaches her pods' folders
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        argv = [
-            sys.executable, str(EMULATOR), "--port", str(self.port), "--state", str(self.state),
-            "--image", IMAGE, "--cpu", "8", "--memory", "16Gi",
-            "--resource", "nvidia.com/gpu=2", "--resource", "nvidia.com/gpu.shared=8",
-        ]  # fmt: skip
-        log = (self.state / "emulator.log").open("wb")
-        self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
-        wait_for(self._up, 30, "the Kubernetes API emulator to answer")
-
-    def _up(self) -> bool:
-        try:
-            return httpx.get(self.pods_url(), timeout=1, verify=HTTP_TLS).status_code == 200
-        except httpx.TransportError:
-            return False
-
-    def pods_url(self) -> str:
-        return f"{self.url}/api/v1/namespaces/{NAMESPACE}/pods"
-
-    def pods(self, task_id: int) -> list[dict[str, Any]]:
-        selector = {"labelSelector": f"klique.dev/task={task_id}"}
-        answer = httpx.get(self.pods_url(), params=selector, verify=HTTP_TLS)
-        return list(answer.json()["items"])
-
-    def lists(self) -> int:
-        """Lists of the pool's pods by the watch's selector (pool and installation) served:
-        the start-up check's look by the pool's label alone is not one."""
-        served = httpx.get(f"{self.url}/emulator/requests").json()["list"]
-        return sum(
-            n
-            for selector, n in served.items()
-            if "klique.dev/pool=k8s" in selector and "klique.dev/installation=" in selector
-        )
-
-    def stop(self) -> None:
-        self.process.terminate()
-        self.process.wait(10)
-        shutil.rmtree(self.state, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

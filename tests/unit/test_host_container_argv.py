@@ -134,6 +134,20 @@ def test_a_docker_scheme_is_dropped():
     assert image_of(task(image="docker://ghcr.io/org/py:3")) == "ghcr.io/org/py:3"
 
 
+def test_a_task_without_an_image_runs_in_the_pools_and_its_own_image_wins(tmp_path: Path):
+    e = estate(DOCKER + "    image: docker://localhost/python:3.11\n")
+    driver = make_driver(e.pools["box"], Context(e, tmp_path, tmp_path / "r.pyz", None))
+    assert isinstance(driver, DockerHostDriver)
+    assert image_of(task(image=None), driver.image) == "localhost/python:3.11"
+    assert image_of(task(image="ghcr.io/org/py:3"), driver.image) == "ghcr.io/org/py:3"
+
+
+@pytest.mark.parametrize("image", ["/srv/images/py.sif", "--privileged", "py:3 -v /:/h"])
+def test_a_pool_image_that_is_not_a_reference_is_refused_at_load(image):
+    words = refusal(DOCKER + f"    image: {image!r}\n")
+    assert "the pool's image" in words and "box" in words
+
+
 def test_a_docker_mode_pool_gets_the_container_driver(tmp_path: Path):
     e = estate(DOCKER + "    run_args: ['--ulimit=nproc=1000:1000']\n")
     driver = make_driver(e.pools["box"], Context(e, tmp_path, tmp_path / "r.pyz", None))
@@ -177,6 +191,7 @@ def test_run_args_that_mount_add_privileges_or_change_the_user_are_refused(arg):
 
 def test_container_settings_need_docker_mode_and_exclude_a_runner_runtime():
     assert "docker mode only" in refusal("    runtime: docker\n")
+    assert "docker mode only" in refusal("    image: localhost/python:3.11\n")
     assert "container_runtime" in refusal(DOCKER + "    container_runtime: apptainer\n")
     assert "only its job folder" in refusal(DOCKER + "    cache_dir: /srv/cache\n")
     assert "CDI device kind" in refusal(DOCKER + "    gpu_device: 'nvidia.com/gpu --x'\n")
