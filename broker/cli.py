@@ -294,6 +294,8 @@ def show(task_id: int, as_json: bool) -> None:
     ):
         click.echo(f"{key + ':':11} {cell(task[key])}")
     click.echo(f"{'command:':11} {' '.join(task['command'])}")
+    if task.get("gpu_ids"):
+        click.echo(f"{'gpus:':11} {', '.join(str(n) for n in task['gpu_ids'])}")
     if task.get("claim") and task["state"] not in FINAL:
         claim = task["claim"]
         click.echo(

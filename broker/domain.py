@@ -193,6 +193,7 @@ class Pool:
     user_map: UserMap = field(default_factory=UserMap)
     slots: int = 1  # host pools: concurrent tasks
     gpus: int = 0  # host pools: GPUs on the host
+    gpu_ids: tuple[int, ...] = ()  # host pools: the host's ids of those GPUs (else 0..gpus-1)
     gpu_memory_mb: int = 0  # host pools: memory of one GPU (for memory-sized requests)
     max_queued: int = 100  # queueing pools: most tasks Klique keeps in the pool's queue
     max_wait_s: int | None = None  # queueing pools: spill to the next pool after this
@@ -200,6 +201,11 @@ class Pool:
     extra_directives: tuple[str, ...] = ()
     skip_directives: tuple[str, ...] = ()
     settings: dict[str, object] = field(default_factory=dict)
+
+    @property
+    def devices(self) -> tuple[int, ...]:
+        """The host's ids of the pool's GPUs: those it names, else 0 to gpus-1."""
+        return self.gpu_ids or tuple(range(self.gpus))
 
 
 @dataclass(frozen=True)

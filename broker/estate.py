@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
@@ -299,6 +300,7 @@ def _cross_check(
             )
     for pool_name, pool in pools.items():
         problems += [(("pools", pool_name, *at), what) for at, what in _pool_problems(pool)]
+    problems += _shared_gpus(pools)
     for team, policy in model.policies.items():
         if model.teams and team not in model.teams:
             problems.append(
@@ -333,6 +335,24 @@ def _cross_check(
     if not problems:
         estate = _build(model, pools, "")
         problems += [(tuple(path.split(".")), message) for path, message in policy_problems(estate)]
+    return problems
+
+
+def _shared_gpus(pools: Mapping[str, PoolSettings]) -> list[tuple[tuple[str, ...], str]]:
+    """Host pools that split one host's GPUs (`gpu_ids`) must not name the same GPU twice."""
+    owner: dict[int, str] = {}
+    problems: list[tuple[tuple[str, ...], str]] = []
+    for name, pool in pools.items():
+        for gpu in getattr(pool, "gpu_ids", None) or ():
+            if gpu in owner:
+                problems.append(
+                    (
+                        ("pools", name, "gpu_ids"),
+                        f"GPU {gpu} belongs to pool {owner[gpu]} as well: both would hand it out; "
+                        "fix: give each GPU to one pool",
+                    )
+                )
+            owner.setdefault(gpu, name)
     return problems
 
 
@@ -477,6 +497,7 @@ def _build_pool(name: str, p: PoolSettings) -> Pool:
         user_map=_user_map(p),
         slots=settings.pop("slots", 1),
         gpus=settings.pop("gpus", 0),
+        gpu_ids=tuple(settings.pop("gpu_ids", None) or ()),
         gpu_memory_mb=settings.pop("gpu_memory", 0),
         max_queued=settings.pop("max_queued", 100),
         max_wait_s=settings.pop("max_wait", None),

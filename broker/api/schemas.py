@@ -69,6 +69,7 @@ class TaskOut(BaseModel):
     exit_code: int | None
     command: list[str]
     borrowed: bool
+    gpu_ids: list[int] = []  # host pools: the host's GPUs it was given
     created_at: float
     submitted_at: float | None
     started_at: float | None
@@ -111,6 +112,7 @@ class TaskOut(BaseModel):
             exit_code=task.exit_code,
             command=list(task.spec.command),
             borrowed=task.borrowed,
+            gpu_ids=list(task.gpu_ids),
             created_at=task.created_at,
             submitted_at=task.submitted_at,
             started_at=task.started_at,

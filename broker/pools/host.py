@@ -16,7 +16,7 @@ import pwd
 import shutil
 import time
 from collections.abc import Sequence
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -51,6 +51,8 @@ class HostSettings(PoolSettings):
     kind: Literal["host"]
     slots: int = Field(1, ge=1)  # tasks at once
     gpus: int = Field(0, ge=0)  # GPUs on the host, ids 0..gpus-1
+    # The host's ids of the pool's GPUs, when pools split one host's GPUs between them.
+    gpu_ids: list[int] | None = Field(None, min_length=1, max_length=1024)
     gpu_memory: SizeMB = 0  # memory of one GPU, for memory-sized requests
     # docker: each task's runner runs in its image, in a container (broker/pools/host_docker.py)
     mode: Literal["venv", "docker"] = "venv"
@@ -59,6 +61,25 @@ class HostSettings(PoolSettings):
     gpu_device: str = "nvidia.com/gpu"  # docker mode, podman: the GPUs' CDI device kind
     stop_grace: Seconds = 10  # docker mode: from SIGTERM to SIGKILL when a task is stopped
     image: str | None = None  # docker mode: the image of tasks that name none
+
+    @model_validator(mode="before")
+    @classmethod
+    def _gpus_of_gpu_ids(cls, data: Any) -> Any:
+        """`gpu_ids` alone says how many GPUs; with `gpus` too, the two must agree."""
+        if not isinstance(data, dict) or not isinstance(data.get("gpu_ids"), list):
+            return data
+        ids = data["gpu_ids"]
+        if "gpus" in data and data["gpus"] != len(ids):
+            raise ValueError(
+                f"gpus is {data['gpus']} but gpu_ids names {len(ids)}; fix: drop gpus (gpu_ids "
+                "says how many) or make them agree"
+            )
+        if any(not isinstance(i, int) or i < 0 for i in ids) or len(set(ids)) != len(ids):
+            raise ValueError(
+                f"gpu_ids {ids!r} must be distinct GPU numbers (0 or more), as nvidia-smi -L "
+                "numbers them"
+            )
+        return {**data, "gpus": len(ids)}
 
     @model_validator(mode="after")
     def _container_settings(self) -> HostSettings:

@@ -182,7 +182,7 @@ class HostModel(PoolModel):
     """A bare-metal host pool: slots, and each GPU's free share (memory counted as a share)."""
 
     slots: int = 0
-    free: list[float] = field(default_factory=list)
+    free: dict[int, float] = field(default_factory=dict)  # by the host's GPU id
     runs: dict[int, Alloc] = field(default_factory=dict)  # active tasks' GPUs, for reclaim
     borrowed_gpus: float = 0.0  # held by borrowed runs, for the breakdown
     holds: list[Hold] = field(default_factory=list)
@@ -190,7 +190,7 @@ class HostModel(PoolModel):
 
     @classmethod
     def of(cls, pool: Pool, reachable: bool, reason: str) -> HostModel:
-        return cls(pool, reachable, reason, slots=pool.slots, free=[1.0] * pool.gpus)
+        return cls(pool, reachable, reason, slots=pool.slots, free=dict.fromkeys(pool.devices, 1.0))
 
     def scratch(self) -> HostModel:
         """A copy of the room on this host, to try out a reclaim without changing the cycle."""
@@ -199,7 +199,7 @@ class HostModel(PoolModel):
             self.reachable,
             self.reason,
             slots=self.slots,
-            free=list(self.free),
+            free=dict(self.free),
             runs=self.runs,
         )
 
@@ -214,11 +214,11 @@ class HostModel(PoolModel):
         if self.slots < 1:
             return None
         if need.gpus:
-            whole = [i for i, f in enumerate(self.free) if f >= 1.0 - EPS][: need.gpus]
+            whole = [i for i, f in self.free.items() if f >= 1.0 - EPS][: need.gpus]
             return tuple((i, 1.0) for i in whole) if len(whole) == need.gpus else None
         if need.share:
             # Best fit keeps whole GPUs free for whole-GPU tasks.
-            fits = [(f, i) for i, f in enumerate(self.free) if f >= need.share - EPS]
+            fits = [(f, i) for i, f in self.free.items() if f >= need.share - EPS]
             return ((min(fits)[1], need.share),) if fits else None
         return ()
 
@@ -278,7 +278,7 @@ class HostModel(PoolModel):
         if self.slots < 1:
             return f"all {self.pool.slots} slots in use"
         if need.gpus:
-            free = sum(1 for f in self.free if f >= 1.0 - EPS)
+            free = sum(1 for f in self.free.values() if f >= 1.0 - EPS)
             head = f"needs {need.label}, {free} free"
         elif need.share:
             head = f"needs {need.label}, no GPU has that much left"
@@ -353,12 +353,12 @@ def _host_model(
 def _alloc_of(model: HostModel, gpus: tuple[int, ...], need: Need) -> Alloc:
     """The GPUs an active task holds: as reported, else where it would be put now."""
     share = need.share if need.share else 1.0
-    if gpus and all(0 <= i < len(model.free) for i in gpus):
+    if gpus and all(i in model.free for i in gpus):
         return tuple((i, share) for i in gpus)
     found = model.find(need)
     if found is not None:
         return found
     # More runs than the host has room for (the estate shrank): count them where most is free.
-    fullest_last = sorted(range(len(model.free)), key=lambda i: (-model.free[i], i))
+    fullest_last = sorted(model.free, key=lambda i: (-model.free[i], i))
     count = need.gpus if need.gpus else (1 if need.share else 0)
     return tuple((i, share) for i in fullest_last[:count])

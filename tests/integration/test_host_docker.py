@@ -105,6 +105,55 @@ def test_two_half_gpu_tasks_share_gpu_0_each_with_its_memory_cap(server, image):
         server.cli("cancel", str(task_id))
 
 
+def gpu_estate(podman: Any, pools: dict[str, str]) -> str:
+    """One 1-GPU resource over host pools in docker mode, each given its GPUs by `pools`
+    (name -> its GPU setting); tasks without an image run in the pool's."""
+    text = "resources:\n  1-gpu:\n    profile: {gpus: 1, cpus: 1, memory: 1G, walltime: 1h, "
+    text += f"pools: [{', '.join(pools)}]}}\npools:\n"
+    for name, gpus in pools.items():
+        text += (
+            f"  {name}:\n    kind: host\n    slots: 2\n    {gpus}\n    mode: docker\n"
+            f"    image: {podman.image}\n    gpu_device: {podman.gpu_device}\n"
+            f"    run_args: {list(podman.run_args)}\n    user_map: {{alice: alice}}\n"
+            "    job_root: $JOB_ROOT\n"
+        )
+    return text
+
+
+@pytest.mark.parametrize(
+    "pools",
+    [{"whole-host": "gpus: 2"}, {"gpu-set-a": "gpu_ids: [0]", "gpu-set-b": "gpu_ids: [1]"}],
+    ids=["one-pool-owns-both-gpus", "one-pool-per-gpu"],
+)
+def test_two_one_gpu_tasks_run_at_once_each_on_its_own_gpu(server_factory, podman, pools):
+    server = server_factory(gpu_estate(podman, pools))
+    show = (
+        "import os, time; e = os.environ; "
+        "print('gpu', e.get('KLIQUE_FAKE_GPU'), e.get('CUDA_VISIBLE_DEVICES'), flush=True); "
+        "time.sleep(600)"
+    )
+    tasks = [submit(server, show, resource="1-gpu") for _ in range(2)]
+    seen = {}
+    for task_id in tasks:
+        server.wait_state(task_id, {"running"})
+
+        def printed(t: int = task_id) -> str | None:
+            lines = [x for x in server.cli("logs", str(t)).output.splitlines() if "gpu " in x]
+            return lines[0] if lines else None
+
+        seen[task_id] = wait_for(printed, 30, f"task {task_id} to print its GPU")
+    shown = [server.task(t) for t in tasks]
+    assert all(t["state"] == "running" for t in shown)  # both at once
+    # Each sees its own device, numbered 0 inside its container.
+    assert sorted(line.split("gpu ", 1)[1] for line in seen.values()) == ["0 0", "1 0"]
+    on = [(t["pool"], t["gpu_ids"]) for t in shown]
+    expected = {"whole-host": [("whole-host", [0]), ("whole-host", [1])]}
+    expected["gpu-set-a"] = [("gpu-set-a", [0]), ("gpu-set-b", [1])]
+    assert sorted(on) == expected[next(iter(pools))], on
+    for task_id in tasks:
+        server.cli("cancel", str(task_id))
+
+
 def test_a_restarted_server_finds_its_running_container_and_starts_no_other(tmp_path, podman):
     job_root = shared_folder("klique-jobs-")
     estate = tmp_path / "estate.yaml"

@@ -214,7 +214,7 @@ def test_users_see_only_their_own_tasks(host_server):
 
 
 def test_the_openapi_document_is_served(host_server):
-    doc = httpx.get(host_server.url + "/openapi.json").json()
+    doc = httpx.get(host_server.url + "/openapi.json", timeout=60).json()
     assert "/api/v1/tasks" in doc["paths"] and "/api/v1/tasks/{task_id}/why" in doc["paths"]
 
 

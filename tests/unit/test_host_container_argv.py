@@ -198,6 +198,29 @@ def test_container_settings_need_docker_mode_and_exclude_a_runner_runtime():
     assert "mode" in refusal("    mode: kubernetes\n")
 
 
+def test_gpu_ids_name_the_pools_gpus_and_say_how_many():
+    pool = estate("    gpu_ids: [7, 2, 3, 5]\n").pools["box"]  # with the template's gpus: 4
+    assert (pool.gpus, pool.devices) == (4, (7, 2, 3, 5))
+    assert estate("").pools["box"].devices == (0, 1, 2, 3)
+    words = refusal("    gpu_ids: [2, 3]\n")
+    assert "gpus is 4 but gpu_ids names 2" in words and "fix" in words
+
+
+def test_two_pools_naming_the_same_gpu_are_refused():
+    other = "  other:\n    kind: host\n    gpu_ids: [3, 4]\n"
+    words = str(
+        pytest.raises(
+            EstateError, parse_estate, ESTATE.format(extra="    gpu_ids: [0, 1, 2, 3]\n" + other)
+        ).value
+    )
+    assert "pools.other.gpu_ids" in words and "GPU 3 belongs to pool box as well" in words
+
+
+@pytest.mark.parametrize("ids", ["[1, 1]", "[-1]", "[]", "['a']"])
+def test_gpu_ids_that_are_not_distinct_gpu_numbers_are_refused(ids: str):
+    assert "gpu_ids" in refusal(f"    gpu_ids: {ids}\n")
+
+
 def observe(tmp_path: Path, extra: str, started_at: float, alive: bool) -> tuple[Any, list]:
     """What the driver makes of a task whose container is (not) running and left no exit file,
     with the runtime's commands recorded instead of run."""

@@ -140,6 +140,21 @@ def test_running_tasks_keep_the_gpus_they_were_given() -> None:
     assert {d.task_id: d.gpus for d in out.placements} == {1: (1,), 2: (0,)}
 
 
+def test_pools_that_split_a_hosts_gpus_give_out_only_their_own() -> None:
+    low = Pool("low", "host", slots=4, gpus=2, gpu_ids=(0, 1))
+    high = Pool("high", "host", slots=4, gpus=2, gpu_ids=(2, 3))
+    e = estate(
+        [low, high],
+        [resource("1-gpu", "low", "high", gpus=1), resource("half", "high", gpu_fraction=0.5)],
+    )
+    tasks = [queued(1), queued(2), queued(3, "half"), queued(4), queued(5)]
+    out = cycle(e, tasks, [running(9, "high", "half", gpus=(3,))])
+    placed = {d.task_id: (d.pool, d.gpus) for d in out.placements}
+    # 3 joins the running half on GPU 3; the whole GPUs go 0, 1 (low), then 2 (high).
+    assert placed == {1: ("low", (0,)), 2: ("low", (1,)), 3: ("high", (3,)), 4: ("high", (2,))}
+    assert out.pending[5].pools == {"low": "needs 1 GPU, 0 free", "high": "needs 1 GPU, 0 free"}
+
+
 def test_host_slots_are_counted() -> None:
     e = estate([host("box", gpus=0, slots=2)], [resource("cpu", "box")])
     out = cycle(e, [queued(i, "cpu") for i in (1, 2, 3)])
