@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 STEP_COMMAND = ["python3", "-m", "klique", "step"]
 STEP_KEY = "klique.step"  # the parameter that tells a step's job what to run
 POLL_S = 0.5
+BATCH = 1000  # ready steps queued in one request
 _FAILED = ("failed", "cancelled", "timeout", "lost")
 
 
@@ -138,9 +139,13 @@ class Controller:
     def run(self, until: Optional[Node] = None) -> None:
         while True:
             self._check_pipeline()
-            for node in self.nodes:
-                if node.state == "waiting" and all(n.state == "completed" for n in node.needs()):
-                    self._start(node)
+            ready = [
+                node
+                for node in self.nodes
+                if node.state == "waiting" and all(n.state == "completed" for n in node.needs())
+            ]
+            if ready:
+                self._start(ready)
             self._follow()
             target = [until] if until is not None else self.nodes
             if all(n.state == "completed" for n in target):
@@ -174,7 +179,30 @@ class Controller:
                 with contextlib.suppress(KliqueError):
                     self.api.post(f"/sdk/tasks/{node.task_id}/cancel")
 
-    def _start(self, node: Node) -> None:
+    def _start(self, nodes: List[Node]) -> None:
+        """Every ready step: those whose outputs an earlier run made are recorded one by one,
+        the others queued together in one request."""
+        queued: List[Tuple[Node, Dict[str, Any]]] = []
+        for node in nodes:
+            body = self._body(node)
+            if "reuse" in body:
+                self._made(node, self.api.post("/sdk/tasks", body))
+            else:
+                queued.append((node, body))
+        for start in range(0, len(queued), BATCH):
+            chunk = queued[start : start + BATCH]
+            made = self.api.post("/sdk/tasks/batch", {"tasks": [body for _, body in chunk]})
+            if len(made) != len(chunk):
+                raise KliqueError(f"asked for {len(chunk)} steps, the server made {len(made)}")
+            for (node, _), task in zip(chunk, made):  # noqa: B905 (lengths checked; Python 3.8)
+                self._made(node, task)
+
+    @staticmethod
+    def _made(node: Node, task: Dict[str, Any]) -> None:
+        node.task_id = int(task["id"])
+        node.state = task["state"]
+
+    def _body(self, node: Node) -> Dict[str, Any]:
         step = node.step
         args = [self._encode(a) for a in node.args]
         kwargs = {k: self._encode(v) for k, v in node.kwargs.items()}
@@ -210,9 +238,7 @@ class Controller:
             earlier = self._cached(body["cache_key"])
             if earlier is not None:
                 body["reuse"] = earlier
-        made = self.api.post("/sdk/tasks", body)
-        node.task_id = int(made["id"])
-        node.state = made["state"]
+        return body
 
     def _cached(self, key: str) -> Optional[int]:
         try:

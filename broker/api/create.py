@@ -43,6 +43,18 @@ def check_code(estate: Estate, spec: TaskSpec) -> None:
         )
 
 
+def check_batch_size(estate: Estate, size: int, what: str) -> None:
+    """Refuse a batch over the estate's `limits.max_batch` (413, with the fix)."""
+    limit = estate.limits.max_batch
+    if size > limit:
+        raise HTTPException(
+            413,
+            f"{size} tasks in one request, over this server's limit of {limit}; fix: split "
+            f"them into requests of at most {limit} {what}, or ask the platform team to raise "
+            "limits.max_batch in the estate",
+        )
+
+
 def check_task(scheduler: Scheduler, who: Caller, spec: TaskSpec) -> str | None:
     """Refuse a task the estate would never run; returns the caller's team."""
     estate = scheduler.estate

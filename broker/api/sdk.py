@@ -12,11 +12,11 @@ import secrets
 from dataclasses import replace
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi import Path as PathParam
 
 from broker.api.auth import Actor, ActorAuth, scheduler_of
-from broker.api.create import check_task, new_record, new_task
+from broker.api.create import check_batch_size, check_task, new_record, new_task
 from broker.api.schemas import RunIn, TaskOut
 from broker.api.sdk_schemas import (
     CloneIn,
@@ -28,6 +28,7 @@ from broker.api.sdk_schemas import (
     RemoteIn,
     SettingsOut,
     StepOut,
+    StepsIn,
 )
 from broker.domain import LOCAL_POOL, CodeSpec, Origin, Task, TaskSpec, TaskState
 from broker.errors import KliqueError, NotFound, NotPermitted
@@ -107,6 +108,49 @@ def settings(request: Request, actor: ActorAuth) -> SettingsOut:
 def record(body: RecordIn, request: Request, actor: ActorAuth) -> RecordOut:
     """Record a task: run here (no resource), queued on a resource, or reusing outputs."""
     scheduler = scheduler_of(request)
+    fields = _fields(scheduler, body, actor)
+    if body.reuse is not None:
+        return _reuse(scheduler, body, actor, fields)
+    if body.resource is None:
+        return _local(scheduler, body, actor, fields)
+    task = new_task(scheduler, actor, _spec(body, body.resource, body.name, body.project), fields)
+    return RecordOut(**_out(task, scheduler).model_dump())
+
+
+@router.post("/sdk/tasks/batch", status_code=201)
+def record_steps(body: StepsIn, request: Request, actor: ActorAuth) -> list[TaskOut]:
+    """Steps queued on compute resources, made together in one transaction: all, or none
+    (the error names the first step that fails). A pipeline starts every ready step so."""
+    scheduler = scheduler_of(request)
+    check_batch_size(scheduler.estate, len(body.tasks), "steps")
+    made: list[tuple[TaskSpec, float, dict[str, Any]]] = []
+    team = None
+    for index, item in enumerate(body.tasks):
+        where = f"no step was made: tasks[{index}]"
+        if item.resource is None or item.reuse is not None:
+            raise KliqueError(
+                f"{where} runs locally or reuses outputs; fix: record such a step alone "
+                "(POST /sdk/tasks)"
+            )
+        spec = _spec(item, item.resource, item.name, item.project)
+        try:
+            fields = _fields(scheduler, item, actor)
+            team = check_task(scheduler, actor, spec)
+        except HTTPException as exc:  # the diff's size
+            raise HTTPException(exc.status_code, f"{where}: {exc.detail}") from None
+        except KliqueError as exc:  # the same status (404, 403, 400), naming the step
+            kind = type(exc) if isinstance(exc, NotFound | NotPermitted) else KliqueError
+            raise kind(f"{where}: {exc}") from None
+        made.append((spec, scheduler.estate.resources[spec.resource].profile.gpu_share, fields))
+    _, tasks = scheduler.store.create_queued(made, actor.user, team)
+    scheduler.wake()
+    from broker.api.app import _task_out
+
+    return [_task_out(task, scheduler) for task in tasks]
+
+
+def _fields(scheduler: Scheduler, body: RecordIn, actor: Actor) -> dict[str, Any]:
+    """The SDK's fields of a new record, its parent and inputs checked: the caller's own."""
     parent = _parent(scheduler, body.parent, actor)
     for ref in body.inputs:
         if (
@@ -114,19 +158,13 @@ def record(body: RecordIn, request: Request, actor: ActorAuth) -> RecordOut:
             is None
         ):
             raise NotFound(f"task {ref.task} has no artifact {ref.name!r}")
-    fields: dict[str, Any] = {
+    return {
         "parent_id": parent,
         "parameters": body.parameters,
         "packages": list(body.packages),
         "inputs": [[ref.task, ref.name] for ref in body.inputs],
         "cache_key": body.cache_key,
     }
-    if body.reuse is not None:
-        return _reuse(scheduler, body, actor, fields)
-    if body.resource is None:
-        return _local(scheduler, body, actor, fields)
-    task = new_task(scheduler, actor, _spec(body, body.resource, body.name, body.project), fields)
-    return RecordOut(**_out(task, scheduler).model_dump())
 
 
 def _parent(scheduler: Scheduler, parent: int | None, actor: Actor) -> int | None:

@@ -36,6 +36,12 @@ class RecordIn(RunIn):
     reuse: TaskRef | None = None
 
 
+class StepsIn(_Body):
+    """Pipeline steps to queue together (each with a resource, none reusing outputs)."""
+
+    tasks: list[RecordIn] = Field(min_length=1, max_length=1_000_000)
+
+
 class RemoteIn(_Body):
     """Where a task that runs locally goes, and what runs there (execute_remotely)."""
 

@@ -15,7 +15,7 @@ from fastapi import Path as PathParam
 from pydantic import BaseModel, Field
 
 from broker.api.auth import Auth, Caller, scheduler_of
-from broker.api.create import check_task, spec_of
+from broker.api.create import check_batch_size, check_task, spec_of
 from broker.api.schemas import SubmitRequest, TaskOut, _Body
 from broker.api.sdk_schemas import Parameters
 from broker.domain import TaskSpec, TaskState
@@ -134,14 +134,7 @@ def _own_sweep(scheduler: Scheduler, sweep_id: int, who: Caller) -> dict[str, An
 def _create(
     scheduler: Scheduler, who: Caller, items: list[BatchItem], sweep: str | None
 ) -> BatchOut:
-    limit = scheduler.estate.limits.max_batch
-    if len(items) > limit:
-        raise HTTPException(
-            413,
-            f"{len(items)} tasks in one request, over this server's limit of {limit}; fix: "
-            f"split them into requests of at most {limit} tasks (one sweep each), or ask the "
-            "platform team to raise limits.max_batch in the estate",
-        )
+    check_batch_size(scheduler.estate, len(items), "tasks (one sweep each)")
     made = _checked(scheduler, who, items)
     team = who.team
     sweep_id, tasks = scheduler.store.create_queued(made, who.user, team, sweep)
@@ -172,7 +165,7 @@ def _checked(
             errors.append((status, f"tasks[{index}].resource: {exc}"))
             continue
         gpus = estate.resources[spec.resource].profile.gpu_share
-        made.append((spec, gpus, item.parameters))
+        made.append((spec, gpus, {"parameters": item.parameters}))
     if errors:
         shown = "; ".join(text for _, text in errors[:_SHOWN_ERRORS])
         more = len(errors) - _SHOWN_ERRORS

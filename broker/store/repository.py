@@ -175,13 +175,14 @@ class Store(RecordMethods):
         team: str | None,
         sweep: str | None = None,
     ) -> tuple[int | None, list[Task]]:
-        """Queued tasks, each (spec, GPUs, parameters), in one transaction: all or none. With
-        `sweep` (its name), a sweep row links them; returns its id (None without) and the tasks."""
+        """Queued tasks, each (spec, GPUs, SDK fields as `create_task` takes them: parameters,
+        parent, inputs...), in one transaction: all or none. With `sweep` (its name), a sweep
+        row links them; returns its id (None without) and the tasks."""
         now = time.time()
         queued = TaskState.QUEUED
         values = [
-            _row_values(spec, owner, team, gpus, queued, "", {"parameters": params}, now)
-            for spec, gpus, params in items
+            _row_values(spec, owner, team, gpus, queued, "", record, now)
+            for spec, gpus, record in items
         ]
         with self._tx() as session:
             sweep_id = None
@@ -211,12 +212,13 @@ class Store(RecordMethods):
                 state=queued,
                 gpus=gpus,
                 diff_bytes=value["diff_bytes"],
-                parameters=params,
+                parameters=record.get("parameters") or {},
+                parent=record.get("parent_id"),
                 sweep=sweep_id,
                 created_at=now,
                 queued_at=now,
             )
-            for task_id, (spec, gpus, params), value in zip(ids, items, values, strict=True)
+            for task_id, (spec, gpus, record), value in zip(ids, items, values, strict=True)
         ]
 
     def queued(self, ids: Collection[int] | None = None) -> list[QueuedRow]:

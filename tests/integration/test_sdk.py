@@ -198,6 +198,21 @@ def test_a_cached_step_reuses_the_outputs_of_the_same_code_and_inputs(host, chec
     assert artifact(server, token, square["id"], "result") == first_square
 
 
+def test_steps_that_are_ready_together_are_queued_in_one_request(host, checkout):
+    server, token = host
+    done = checkout.run(server, token, "steps_more.py", "fan-out", timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "30"  # 2 * (0 + 1 + ... + 5)
+    with server.api(token) as api:
+        steps = api.get(f"/sdk/tasks/{recorded_id(done.stdout)}/steps").json()
+    shown = [server.task(s["id"], token) for s in steps]
+    assert [s["name"] for s in shown] == ["double"] * 6 + ["total"]
+    assert all(s["state"] == "completed" for s in shown), shown
+    # One request, one transaction: the six ready steps were made at one instant.
+    assert len({s["created_at"] for s in shown[:6]}) == 1, shown
+    assert shown[6]["created_at"] > shown[0]["created_at"]
+
+
 def test_a_failed_step_fails_the_pipeline_with_its_reason(host, checkout):
     server, token = host
     done = checkout.run(server, token, "steps_more.py", "failing")

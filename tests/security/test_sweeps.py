@@ -1,5 +1,6 @@
 """Attacks on batches and sweeps: bob (the attacker) tries to make tasks as alice, and to see,
-list or cancel alice's sweep; a sweep's values try to reach a shell."""
+list or cancel alice's sweep; a sweep's values try to reach a shell; a batch of pipeline steps
+tries to hang steps under alice's tasks or read her artifacts."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 import uuid
 from pathlib import Path
 
+import httpx
 from conftest import TASK_PY, wait_for
 
 from .conftest import Attack
@@ -81,3 +83,38 @@ def test_a_sweeps_values_are_arguments_never_shell_words(attack_factory, tmp_pat
         logs = attack.server.cli("logs", str(task["id"]), token=attack.bob).output
         assert logs == repr(value) + "\n"
     assert not marker.exists()
+
+
+def test_a_batch_of_steps_goes_only_under_the_callers_own_task(attack_factory) -> None:
+    attack: Attack = attack_factory("host")
+    server = attack.server
+    with server.api(attack.alice) as alice:
+        local = {"command": ["python3", "train.py"], "name": "alice's run"}
+        alices = alice.post("/sdk/tasks", json=local).json()["id"]
+    sleeper = {"command": [TASK_PY, "-c", "import time; time.sleep(600)"], "resource": "cpu"}
+    with server.api(attack.bob) as bob:
+        bobs = bob.post("/tasks", json=sleeper).json()["id"]
+    bob_task = server.wait_state(bobs, {"running"}, token=attack.bob)
+    # bob's job reads its own report token from its task.json, as any job can.
+    token = json.loads((Path(bob_task["job_dir"]) / "task.json").read_text())["report"]["token"]
+    step = {"command": ["true"], "resource": "cpu"}
+    theirs = {"task": alices, "name": "model"}
+    with httpx.Client(
+        base_url=server.url + "/api/v1", headers={"Authorization": f"Bearer {token}"}
+    ) as job:
+        under_alice = job.post(
+            "/sdk/tasks/batch", json={"tasks": [step, {**step, "parent": alices}]}
+        )
+        reading = job.post("/sdk/tasks/batch", json={"tasks": [{**step, "inputs": [theirs]}]})
+        assert under_alice.status_code == 403 and "tasks[1]" in under_alice.json()["detail"]
+        assert reading.status_code == 404 and "tasks[0]" in reading.json()["detail"]
+        assert job.get(f"/sdk/tasks/{bobs}/steps").json() == []  # all or none: none
+        made = job.post("/sdk/tasks/batch", json={"tasks": [step, step]})
+        assert made.status_code == 201, made.text
+        assert {(t["owner"], t["parent"]) for t in made.json()} == {("bob", bobs)}
+    with server.api(attack.bob) as bob:
+        as_user = bob.post("/sdk/tasks/batch", json={"tasks": [{**step, "parent": alices}]})
+        assert as_user.status_code == 404 and "tasks[0]" in as_user.json()["detail"]
+    with server.api(attack.alice) as alice:
+        assert [t["id"] for t in alice.get("/tasks").json()] == [alices]
+    server.cli("cancel", str(bobs), token=attack.bob)

@@ -1,4 +1,5 @@
-"""Pipelines for the SDK's tests: a cached step, a failing step, a step that runs long."""
+"""Pipelines for the SDK's tests: a cached step, a failing step, a step that runs long, a fan-out
+of steps that are ready together."""
 
 import sys
 import time
@@ -27,6 +28,16 @@ def wait(seconds):
     return seconds
 
 
+@klique.step(resource="cpu")
+def double(x):
+    return 2 * x
+
+
+@klique.step(resource="cpu")
+def total(*parts):
+    return sum(parts)
+
+
 @klique.pipeline(name="cached", project="tests")
 def cached(x=3):
     return add(square(x), 1)
@@ -42,5 +53,11 @@ def long():
     return wait(600)
 
 
+@klique.pipeline(name="fan-out", project="tests")
+def fan_out(n=6):
+    return total(*[double(i) for i in range(n)])
+
+
 if __name__ == "__main__":
-    print({"cached": cached, "failing": failing, "long": long}[sys.argv[1]](), flush=True)
+    flows = {"cached": cached, "failing": failing, "long": long, "fan-out": fan_out}
+    print(flows[sys.argv[1]](), flush=True)
