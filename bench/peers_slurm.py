@@ -85,24 +85,16 @@ def peers_venv() -> None:
     subprocess.run(check, check=True)
 
 
-def queued(name: str | None = None, ids: list[str] | None = None) -> int:
-    """How many of these jobs (alice's jobs with this name, or these ids) are pending, running
-    or completing."""
-    common = ["squeue", "--noheader", "--states=PD,R,CG", "--format=%i", "--array"]
-    if name is not None:
-        lists = [[f"--user={ACCOUNT}", f"--name={name}"]]
-    else:
-        ids = ids or []
-        lists = [[f"--jobs={','.join(ids[i : i + 200])}"] for i in range(0, len(ids), 200)]
-    found = 0
-    for selection in lists:
-        done = subprocess.run(common + selection, capture_output=True, text=True, check=False)
-        found += len(done.stdout.split())
-    return found
+def queued(name: str) -> int:
+    """How many of alice's jobs with this name are pending, running or completing."""
+    argv = ["squeue", "--noheader", "--states=PD,R,CG", "--format=%i", "--array"]
+    argv += [f"--user={ACCOUNT}", f"--name={name}"]
+    done = subprocess.run(argv, capture_output=True, text=True, check=False)
+    return len(done.stdout.split())
 
 
-def drain(what: str, name: str | None = None, ids: list[str] | None = None) -> None:
-    until(lambda: queued(name, ids) == 0, f"{what}'s jobs leaving the queue")
+def drain(what: str, name: str) -> None:
+    until(lambda: queued(name) == 0, f"{what}'s jobs leaving the queue")
 
 
 def cancel(name: str | None = None, ids: list[str] | None = None) -> None:
@@ -136,7 +128,7 @@ def sbatch_loop(name: str, folder: Path) -> dict[str, Any]:
             raise SystemExit(f"sbatch failed: {done.stderr.strip()}")
     accepted = time.perf_counter() - t0
     say(f"  {TASKS} jobs accepted after {accepted:.2f} s; waiting for squeue to list none")
-    until(lambda: queued(name=name) == 0, "sbatch loop")
+    until(lambda: queued(name) == 0, "sbatch loop")
     return {"accepted_s": accepted, "done_s": time.perf_counter() - t0}
 
 
@@ -162,7 +154,7 @@ def run_peers(folder: Path, offset: int) -> dict[str, dict[str, Any]]:
             found = sbatch_loop(name, folder) if tool == "sbatch_loop" else peer(tool, name, folder)
         finally:
             cancel(name=name)
-            drain(tool, name=name)
+            drain(tool, name)
         found["slurm_last_end_s"] = slurm_ends(offset, t0, name, None)
         results[tool] = found
         say(f"{tool}: accepted {found['accepted_s']:.2f} s, done {found['done_s']:.2f} s")
@@ -215,28 +207,50 @@ def klique_sweep(api: httpx.Client) -> dict[str, Any]:
 
 
 def native_ids(api: httpx.Client) -> list[str]:
-    rows = api.get("/tasks", params={"limit": TASKS * 4}).json()
-    return [row["native_id"] for row in rows if row["native_id"]]
+    """Every Slurm job id the API lists, a page at a time."""
+    found: list[str] = []
+    page: list[dict[str, Any]] = [{"id": None}]
+    while page:
+        params = {"limit": 1000} | ({"before": page[-1]["id"]} if page[-1]["id"] else {})
+        answer = api.get("/tasks", params=params)
+        answer.raise_for_status()
+        page = answer.json()
+        found += [row["native_id"] for row in page if row["native_id"]]
+    return found
+
+
+def klique_jobs(job_root: Path) -> list[str]:
+    """alice's jobs pending, running or completing whose output goes under the job root: the
+    Klique server's, found without asking it (it may have failed)."""
+    argv = ["squeue", "--noheader", f"--user={ACCOUNT}", "--states=PD,R,CG"]
+    done = subprocess.run(
+        [*argv, "--Format=JobID:30,STDOUT:4000"], capture_output=True, text=True, check=False
+    )
+    rows = (line.split() for line in done.stdout.splitlines())
+    return [row[0] for row in rows if len(row) == 2 and row[1].startswith(f"{job_root}/")]
 
 
 def run_klique(job_root: Path, offset: int) -> dict[str, dict[str, Any]]:
     results: dict[str, dict[str, Any]] = {}
-    with klique_server(klique_estate(job_root)) as (api, home):
-        seen: set[str] = set()
-        try:
-            for tool, run in zip(KLIQUE, (klique_one_by_one, klique_sweep), strict=True):
-                say(f"{tool}: {TASKS} tasks")
-                t0 = time.time()
-                found = run(api)
-                ids = [i for i in native_ids(api) if i not in seen]
-                drain(tool, ids=ids)
-                found["slurm_last_end_s"] = slurm_ends(offset, t0, None, set(ids))
-                seen.update(ids)
-                results[tool] = found
-                say(f"{tool}: accepted {found['accepted_s']:.2f} s, done {found['done_s']:.2f} s")
-        finally:
-            cancel(ids=[i for i in native_ids(api) if i not in seen])
-            shutil.copy(home / "server.log", job_root.parent / f"{job_root.name}-server.log")
+    try:
+        with klique_server(klique_estate(job_root)) as (api, home):
+            try:
+                seen: set[str] = set()
+                for tool, run in zip(KLIQUE, (klique_one_by_one, klique_sweep), strict=True):
+                    say(f"{tool}: {TASKS} tasks")
+                    t0 = time.time()
+                    found = run(api)
+                    until(lambda: not klique_jobs(job_root), f"{tool}'s jobs leaving the queue")
+                    ids = set(native_ids(api)) - seen
+                    found["slurm_last_end_s"] = slurm_ends(offset, t0, None, ids)
+                    seen |= ids
+                    results[tool] = found
+                    done = found["done_s"]
+                    say(f"{tool}: accepted {found['accepted_s']:.2f} s, done {done:.2f} s")
+            finally:
+                shutil.copy(home / "server.log", job_root.parent / f"{job_root.name}-server.log")
+    finally:
+        cancel(ids=klique_jobs(job_root))
     return results
 
 
