@@ -1,0 +1,297 @@
+"""N trivial tasks on the Slurm cluster through Klique and through its peers, in one run: a plain
+sbatch loop, submitit (a loop of executor.submit, and executor.map_array), PSI/J's Slurm executor,
+Klique one task a request (as `klique submit` does), and Klique as one sweep (POST /sweeps, as
+`klique submit --sweep/--grid` does).
+
+For each tool, from its first submission: `accepted_s`, until every job has a Slurm job id (the
+peers: their submit calls have returned; Klique: the API lists every task past `placed`, with its
+native id), and `done_s`, until the tool itself says every task has ended (sbatch loop: squeue
+lists none of its jobs pending, running or completing; submitit: job.done(); PSI/J: job.wait();
+Klique: the API shows every task in a final state). Beside them, from Slurm's job completion log,
+when Slurm ended the tool's last job (`slurm_last_end_s`, to the whole second that log keeps). The
+tools run one after another, each on a queue empty of this benchmark's jobs; every job asks for
+partition debug, one CPU, 100 MB and ten minutes, and runs `true` (submitit runs a Python function
+that prints a line).
+
+The peers run as alice, as their users would: submitit and PSI/J call sbatch/squeue themselves,
+from a Python alice can run. That is the venv in $KLIQUE_BENCH_PEERS_VENV (default
+/tmp/klique-bench-peers); if it lacks submitit or psij-python, this script makes it with
+/usr/bin/python3 -m venv and pip (the packages of `pip install -e '.[bench]'`).
+
+Usage: bench/peers_slurm.py [TASKS] (default 500). Last line: {"sbatch_loop": {"accepted_s",
+"done_s"}, ..., "klique_sweep": {...}, "tasks", "klique_sweep_done_ratio",
+"klique_sweep_accepted_ratio"}; a ratio is the best peer's time over the Klique sweep's (above 1:
+Klique is faster).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+from _common import ROOT, klique_server, last_line, slurm_estate
+
+TASKS = int(sys.argv[1]) if len(sys.argv) > 1 else 500
+ACCOUNT = "alice"
+WORK = Path(os.environ.get("KLIQUE_SLURM_DIR", "/tmp/klique-slurm")) / "work"
+JOBCOMP = Path(os.environ.get("KLIQUE_SLURM_DIR", "/tmp/klique-slurm")) / "log" / "jobcomp.txt"
+PEERS_VENV = Path(os.environ.get("KLIQUE_BENCH_PEERS_VENV", "/tmp/klique-bench-peers"))
+PEER_PY = PEERS_VENV / "bin" / "python"
+PEER_PACKAGES = ["submitit>=1.5,<2", "psij-python>=0.9,<1"]
+RESOURCES = ["--partition=debug", "--cpus-per-task=1", "--mem=100M", "--time=00:10:00"]
+PEERS = ("sbatch_loop", "submitit_loop", "submitit_map_array", "psij")
+KLIQUE = ("klique_one_by_one", "klique_sweep")
+FINAL = {"completed", "failed", "cancelled", "timeout", "lost"}
+NOT_FINAL = "created,queued,held,placed,submitted,pending,running"
+NOT_YET = "created,queued,held,placed"
+POLL_S = 0.5
+DEADLINE_S = 900
+
+
+def say(text: str) -> None:
+    print(f"{time.strftime('%H:%M:%S')} {text}", flush=True)
+
+
+def as_account(*argv: str) -> list[str]:
+    return ["runuser", "-u", ACCOUNT, "--", *argv]
+
+
+def until(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + DEADLINE_S
+    while not condition():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{what}: not after {DEADLINE_S} s")
+        time.sleep(POLL_S)
+
+
+def peers_venv() -> None:
+    """The peers' Python, which alice can run; made here if it lacks submitit or psij-python."""
+    check = as_account(str(PEER_PY), "-c", "import submitit, psij")
+    if subprocess.run(check, capture_output=True, check=False).returncode == 0:
+        return
+    say(f"making {PEERS_VENV} with {', '.join(PEER_PACKAGES)} (alice must be able to run it)")
+    subprocess.run(["/usr/bin/python3", "-m", "venv", "--clear", str(PEERS_VENV)], check=True)
+    subprocess.run([str(PEER_PY), "-m", "pip", "install", "-q", *PEER_PACKAGES], check=True)
+    subprocess.run(["chmod", "-R", "a+rX", str(PEERS_VENV)], check=True)
+    subprocess.run(check, check=True)
+
+
+def queued(name: str) -> int:
+    """How many of alice's jobs with this name are pending, running or completing."""
+    argv = ["squeue", "--noheader", "--states=PD,R,CG", "--format=%i", "--array"]
+    argv += [f"--user={ACCOUNT}", f"--name={name}"]
+    done = subprocess.run(argv, capture_output=True, text=True, check=False)
+    return len(done.stdout.split())
+
+
+def drain(what: str, name: str) -> None:
+    until(lambda: queued(name) == 0, f"{what}'s jobs leaving the queue")
+
+
+def cancel(name: str | None = None, ids: list[str] | None = None) -> None:
+    """Cancel exactly this benchmark's jobs (other people's jobs on the cluster stay)."""
+    if name is not None:
+        subprocess.run(["scancel", f"--user={ACCOUNT}", f"--name={name}"], check=False)
+    for i in range(0, len(ids or []), 200):
+        subprocess.run(["scancel", *(ids or [])[i : i + 200]], check=False)
+
+
+def slurm_ends(offset: int, t0: float, name: str | None, ids: set[str] | None) -> int | None:
+    """Seconds from t0 (epoch) to the last EndTime Slurm logged for these jobs."""
+    with JOBCOMP.open("rb") as log:
+        log.seek(offset)
+        lines = log.read().decode(errors="replace").splitlines()
+    ends = []
+    for line in lines:
+        fields = dict(part.split("=", 1) for part in line.split() if "=" in part)
+        if (name and fields.get("Name") == name) or (ids and fields.get("JobId") in ids):
+            ends.append(datetime.fromisoformat(fields["EndTime"]).timestamp())
+    return round(max(ends) - t0) if ends else None
+
+
+def sbatch_loop(name: str, folder: Path) -> dict[str, Any]:
+    argv = as_account("sbatch", "--parsable", f"--job-name={name}", *RESOURCES)
+    argv += [f"--output={folder}/sbatch-%j.out", "--wrap", "true"]
+    t0 = time.perf_counter()
+    for _ in range(TASKS):
+        done = subprocess.run(argv, capture_output=True, text=True, cwd=folder, check=False)
+        if done.returncode != 0:
+            raise SystemExit(f"sbatch failed: {done.stderr.strip()}")
+    accepted = time.perf_counter() - t0
+    say(f"  {TASKS} jobs accepted after {accepted:.2f} s; waiting for squeue to list none")
+    until(lambda: queued(name) == 0, "sbatch loop")
+    return {"accepted_s": accepted, "done_s": time.perf_counter() - t0}
+
+
+def peer(tool: str, name: str, folder: Path) -> dict[str, Any]:
+    script = str(ROOT / "bench" / "_peer_tools.py")
+    argv = as_account(str(PEER_PY), script, tool, str(TASKS), name, str(folder))
+    done = subprocess.run(argv, stdout=subprocess.PIPE, text=True, cwd=folder, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"{tool} failed (exit {done.returncode}); its output is above")
+    result: dict[str, Any] = json.loads(done.stdout.splitlines()[-1])
+    if result["failed"]:
+        raise SystemExit(f"{tool}: {len(result['failed'])} jobs failed: {result['failed'][:5]}")
+    return result
+
+
+def run_peers(folder: Path, offset: int) -> dict[str, dict[str, Any]]:
+    results = {}
+    for tool in PEERS:
+        name = f"kqpeers-{os.getpid()}-{tool}"
+        say(f"{tool}: {TASKS} jobs named {name}")
+        t0 = time.time()
+        try:
+            found = sbatch_loop(name, folder) if tool == "sbatch_loop" else peer(tool, name, folder)
+        finally:
+            cancel(name=name)
+            drain(tool, name)
+        found["slurm_last_end_s"] = slurm_ends(offset, t0, name, None)
+        results[tool] = found
+        say(f"{tool}: accepted {found['accepted_s']:.2f} s, done {found['done_s']:.2f} s")
+    return results
+
+
+def klique_estate(job_root: Path) -> str:
+    # max_queued: Klique's default keeps 100 jobs pending in Slurm and the rest in its own queue;
+    # the peers put all N into Slurm at once, so Klique is allowed to as well.
+    return slurm_estate(job_root, ACCOUNT, max_queued=TASKS * 2)
+
+
+def klique_one_by_one(api: httpx.Client) -> dict[str, Any]:
+    body = {"command": ["true"], "name": "peers-one"}
+    t0 = time.perf_counter()
+    for _ in range(TASKS):
+        answer = api.post("/tasks", json=body)
+        if answer.status_code != 201:
+            raise SystemExit(f"POST /tasks: {answer.status_code} {answer.text}")
+    say(f"  {TASKS} POST /tasks in {time.perf_counter() - t0:.2f} s")
+
+    def left(states: str) -> bool:
+        return bool(api.get("/tasks", params={"state": states, "limit": 1}).json())
+
+    until(lambda: not left(NOT_YET), "Klique: every task accepted")
+    accepted = time.perf_counter() - t0
+    say(f"  every task has a Slurm job after {accepted:.2f} s; waiting for the ends")
+    until(lambda: not left(NOT_FINAL), "Klique: every task ended")
+    return {"accepted_s": accepted, "done_s": time.perf_counter() - t0}
+
+
+def klique_sweep(api: httpx.Client) -> dict[str, Any]:
+    item = {"command": ["true"], "name": "peers-sweep"}
+    tasks = [dict(item, parameters={"i": i}) for i in range(TASKS)]
+    t0 = time.perf_counter()
+    made = api.post("/sweeps", json={"name": "peers", "tasks": tasks})
+    if made.status_code != 201:
+        raise SystemExit(f"POST /sweeps: {made.status_code} {made.text}")
+    sweep = made.json()["sweep"]
+    say(f"  sweep {sweep}: POST /sweeps in {time.perf_counter() - t0:.2f} s")
+
+    def states() -> set[str]:
+        return set(api.get(f"/sweeps/{sweep}").json()["states"])
+
+    until(lambda: not states() & set(NOT_YET.split(",")), "Klique sweep: every task accepted")
+    accepted = time.perf_counter() - t0
+    say(f"  every task has a Slurm job after {accepted:.2f} s; waiting for the ends")
+    until(lambda: states() <= FINAL, "Klique sweep: every task ended")
+    return {"accepted_s": accepted, "done_s": time.perf_counter() - t0}
+
+
+def native_ids(api: httpx.Client) -> list[str]:
+    """Every Slurm job id the API lists, a page at a time."""
+    found: list[str] = []
+    page: list[dict[str, Any]] = [{"id": None}]
+    while page:
+        params = {"limit": 1000} | ({"before": page[-1]["id"]} if page[-1]["id"] else {})
+        answer = api.get("/tasks", params=params)
+        answer.raise_for_status()
+        page = answer.json()
+        found += [row["native_id"] for row in page if row["native_id"]]
+    return found
+
+
+def klique_jobs(job_root: Path) -> list[str]:
+    """alice's jobs pending, running or completing whose output goes under the job root: the
+    Klique server's, found without asking it (it may have failed)."""
+    argv = ["squeue", "--noheader", f"--user={ACCOUNT}", "--states=PD,R,CG"]
+    done = subprocess.run(
+        [*argv, "--Format=JobID:30,STDOUT:4000"], capture_output=True, text=True, check=False
+    )
+    rows = (line.split() for line in done.stdout.splitlines())
+    return [row[0] for row in rows if len(row) == 2 and row[1].startswith(f"{job_root}/")]
+
+
+def run_klique(job_root: Path, offset: int) -> dict[str, dict[str, Any]]:
+    results: dict[str, dict[str, Any]] = {}
+    try:
+        with klique_server(klique_estate(job_root)) as (api, home):
+            try:
+                seen: set[str] = set()
+                for tool, run in zip(KLIQUE, (klique_one_by_one, klique_sweep), strict=True):
+                    say(f"{tool}: {TASKS} tasks")
+                    t0 = time.time()
+                    found = run(api)
+                    until(lambda: not klique_jobs(job_root), f"{tool}'s jobs leaving the queue")
+                    ids = set(native_ids(api)) - seen
+                    found["slurm_last_end_s"] = slurm_ends(offset, t0, None, ids)
+                    seen |= ids
+                    results[tool] = found
+                    done = found["done_s"]
+                    say(f"{tool}: accepted {found['accepted_s']:.2f} s, done {done:.2f} s")
+            finally:
+                shutil.copy(home / "server.log", job_root.parent / f"{job_root.name}-server.log")
+    finally:
+        cancel(ids=klique_jobs(job_root))
+    return results
+
+
+def table(results: dict[str, dict[str, Any]]) -> None:
+    print(f"\n{'tool':<20} {'accepted_s':>10} {'done_s':>8} {'slurm_last_end_s':>17}")
+    for tool, found in results.items():
+        end = found.get("slurm_last_end_s")
+        print(f"{tool:<20} {found['accepted_s']:>10.2f} {found['done_s']:>8.2f} {end!s:>17}")
+    print()
+
+
+def main() -> None:
+    peers_venv()
+    folder = WORK / f"peers-{os.getpid()}"
+    folder.mkdir()
+    shutil.chown(folder, ACCOUNT, ACCOUNT)  # submitit's and PSI/J's folders are alice's
+    job_root = WORK / f"peers-{os.getpid()}-klique"
+    job_root.mkdir(mode=0o1777)
+    os.chmod(job_root, 0o1777)
+    offset = JOBCOMP.stat().st_size
+    say(f"{TASKS} tasks a tool; load average {os.getloadavg()[0]:.2f}")
+    try:
+        results = run_peers(folder, offset) | run_klique(job_root, offset)
+    except httpx.HTTPError as exc:
+        raise SystemExit(f"the Klique server failed: {exc}") from exc
+    finally:
+        subprocess.run(["rm", "-rf", str(folder), str(job_root)], check=False)
+    say(f"load average {os.getloadavg()[0]:.2f}; Klique's server log: {job_root}-server.log")
+    table(results)
+    best_done = min(results[tool]["done_s"] for tool in PEERS)
+    best_accepted = min(results[tool]["accepted_s"] for tool in PEERS)
+    sweep = results["klique_sweep"]
+    summary: dict[str, Any] = {
+        tool: {key: round(results[tool][key], 2) for key in ("accepted_s", "done_s")}
+        for tool in PEERS + KLIQUE
+    }
+    summary["tasks"] = TASKS
+    summary["klique_sweep_done_ratio"] = round(best_done / sweep["done_s"], 2)
+    summary["klique_sweep_accepted_ratio"] = round(best_accepted / sweep["accepted_s"], 2)
+    last_line(summary)
+
+
+if __name__ == "__main__":
+    main()
