@@ -39,6 +39,7 @@ _USAGE_HORIZON = 10  # half-lives of ledger history that still count for fair sh
 _CANCEL_WAIT_S = 20.0  # how long a cancel request waits for the pool to confirm it
 _REST = 4.0  # after a cycle, the next waits at least this many times its length
 _MOST_REST_S = 5.0  # and never longer than this
+_PLACED_PER_WRITE = 1000  # a cycle's placements written in transactions of this many
 
 
 @dataclass
@@ -196,21 +197,23 @@ class Scheduler:
                 reason = "preempted to return a reservation"
                 await asyncio.to_thread(self.store.update, task.id, preempted=True, reason=reason)
                 woken.add(task.pool)
-        for decision in out.placements:
+        fields = {
+            d.task_id: {
+                "pool": d.pool,
+                "borrowed": d.borrowed,
+                "gpu_ids": list(d.gpus),
+                "attempts": attempts.get(d.task_id, 0) + 1,
+                "job_dir": None,
+            }
+            for d in out.placements
+        }
+        ids = list(fields)
+        for start in range(0, len(ids), _PLACED_PER_WRITE):  # one transaction per thousand
+            chunk = ids[start : start + _PLACED_PER_WRITE]
             placed = await asyncio.to_thread(
-                self.store.change_state,
-                decision.task_id,
-                TaskState.PLACED,
-                "",
-                only_from=[TaskState.QUEUED],
-                pool=decision.pool,
-                borrowed=decision.borrowed,
-                gpu_ids=list(decision.gpus),
-                attempts=attempts.get(decision.task_id, 0) + 1,
-                job_dir=None,
+                self.store.change_states, chunk, TaskState.PLACED, "", [TaskState.QUEUED], fields
             )
-            if placed is not None:
-                woken.add(decision.pool)
+            woken.update(task.pool for task in placed)
         for pool in woken:
             self.wake_pool(pool)
 

@@ -11,7 +11,7 @@ import json
 import secrets
 import threading
 import time
-from collections.abc import Collection, Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -327,16 +327,23 @@ class Store(RecordMethods):
             return self._change(session, row, new, reason, only_from, charged, fields, now)
 
     def change_states(
-        self, task_ids: Iterable[int], new: TaskState, reason: str, only_from: Sequence[TaskState]
+        self,
+        task_ids: Iterable[int],
+        new: TaskState,
+        reason: str,
+        only_from: Sequence[TaskState],
+        fields: Mapping[int, dict[str, Any]] | None = None,
     ) -> list[Task]:
-        """change_state for many tasks in one transaction (cancelling a sweep's queued tasks);
-        returns those that were in `only_from` and changed."""
+        """change_state for many tasks in one transaction (a cycle's placements, cancelling a
+        sweep's queued tasks), with each task's own `fields`; returns those that were in
+        `only_from` and changed."""
         now = time.time()
         changed: list[Task] = []
         with self._tx() as session:
             query = select(TaskRow).where(TaskRow.id.in_(list(task_ids))).with_for_update()
             for row in session.scalars(query):
-                done = self._change(session, row, new, reason, only_from, True, {}, now)
+                own = dict((fields or {}).get(row.id, {}))
+                done = self._change(session, row, new, reason, only_from, True, own, now)
                 if done is not None:
                     changed.append(done)
         return changed

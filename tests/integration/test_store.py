@@ -165,14 +165,14 @@ def test_the_sdks_record_and_artifacts_are_kept_and_the_migration_goes_both_ways
 
 def test_a_sweep_is_made_in_one_transaction_each_task_from_its_own_item(store):
     store.changes.take()
-    items = [(spec(name=f"t{i}"), 0.5, {"i": i}) for i in range(2500)]  # several INSERTs
+    items = [(spec(name=f"t{i}"), 0.5, {"parameters": {"i": i}}) for i in range(2500)]
     sweep, tasks = store.create_queued(items, "alice", "vision", sweep="lr")
     assert [t.spec.name for t in tasks] == [f"t{i}" for i in range(2500)]
     stored = {t.id: t for t in store.tasks(sweep=sweep)}
     assert len(stored) == 2500
     for made in tasks:  # each id is the row of its own item
         assert stored[made.id].spec.name == made.spec.name
-        assert stored[made.id].parameters == made.parameters
+        assert stored[made.id].parameters == made.parameters == {"i": int(made.spec.name[1:])}
     assert {t.sweep for t in stored.values()} == {sweep}
     assert store.events(tasks[7].id)[0]["to"] == "queued"
     info = store.sweep(sweep)
@@ -182,3 +182,13 @@ def test_a_sweep_is_made_in_one_transaction_each_task_from_its_own_item(store):
     ended = store.change_states([tasks[0].id, tasks[1].id], S.CANCELLED, "stop", [S.QUEUED])
     assert [t.state for t in ended] == [S.CANCELLED] * 2
     assert store.sweep(sweep)["states"] == {"queued": 2498, "cancelled": 2}
+    # A cycle's placements: one transaction, each task with its own pool and GPUs.
+    ids = [t.id for t in tasks[:3]]
+    where = {i: {"pool": f"p{n}", "gpu_ids": [n], "attempts": 1} for n, i in enumerate(ids)}
+    placed = store.change_states(ids, S.PLACED, "", [S.QUEUED], where)
+    assert sorted((t.id, t.pool, t.gpu_ids) for t in placed) == [(ids[2], "p2", (2,))]
+    assert [(store.get(i).state, store.get(i).pool) for i in ids] == [
+        (S.CANCELLED, None),
+        (S.CANCELLED, None),
+        (S.PLACED, "p2"),
+    ]
