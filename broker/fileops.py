@@ -27,7 +27,7 @@ SUBMIT_PROGRAMS = ("sbatch", "qsub", "bsub")
 NOT_SUBMIT = 126  # submit-many: the item's command is not one of SUBMIT_PROGRAMS
 # submit-many: one line per item on stdout, "item INDEX EXIT STDOUT STDERR" (base64, so that
 # nothing a command prints can break the lines).
-ITEM_LINE = re.compile(r"item (\d+) (\d+) ([A-Za-z0-9+/=]*) ([A-Za-z0-9+/=]*)")
+ITEM_LINE = re.compile(r"item (\d+) (\d+) ([A-Za-z0-9+/=]*) ?([A-Za-z0-9+/=]*)")
 # Without SBATCH_* and SLURM_* but SLURM_CONF: sbatch(1), "INPUT ENVIRONMENT VARIABLES", they
 # override the script's #SBATCH lines (a login shell's SBATCH_TIMELIMIT or SBATCH_PARTITION
 # would change the job), and an enclosing job's SLURM_* would leak into the new one.
@@ -58,14 +58,15 @@ SCRIPTS: dict[str, str] = {
     ),
     # submit-many [N FOLDER [--stdin=FILE] COMMAND...]... < [SIZE\n tar]...: per item (its N
     # words, and SIZE bytes of tar), what unpack does, the command one of SUBMIT_PROGRAMS (from
-    # /dev/null or its --stdin file); then its ITEM_LINE. Items are independent: a name that
-    # exists fails its own item only. The tar is always read to its end, so the next item's
-    # bytes stay in step; any other fault in the framing ends the whole with UNPACK_FAILED.
+    # /dev/null or its --stdin file; _SCRUB once for all); then its ITEM_LINE. Items are
+    # independent: a name that exists fails its own item only. The tar is always read to its
+    # end, so the next item's bytes stay in step; any other fault in the framing ends the whole
+    # with UNPACK_FAILED.
     "submit-many": (
-        "umask 077; out=$(mktemp -d) || exit 125; trap 'rm -rf -- \"$out\"' EXIT; i=0; "
+        f"umask 077; {_SCRUB}out=$(mktemp -d) || exit 125; trap 'rm -rf -- \"$out\"' EXIT; i=0; "
         'item() { mkdir -m 700 -- "$1" && tar -x -m -p -f - -C "$1" || '
         f'{{ cat >/dev/null; echo "{UNPACK_WORDS}" >&2; exit {UNPACK_FAILED}; }}; '
-        f'cat >/dev/null; shift; [ "$#" -eq 0 ] && exit 0; {_SCRUB}input=/dev/null; '
+        'cat >/dev/null; shift; [ "$#" -eq 0 ] && exit 0; input=/dev/null; '
         'case "$1" in --stdin=*) input=${1#--stdin=}; shift;; esac; '
         f'case "$1" in {"|".join(SUBMIT_PROGRAMS)}) exec "$@" <"$input";; esac; '
         f'echo "klique: runs only {", ".join(SUBMIT_PROGRAMS)} after unpack" >&2; '
@@ -74,9 +75,8 @@ SCRIPTS: dict[str, str] = {
         'case "$n:$size" in :*|*:|*[!0-9:]*) exit 125;; esac; [ "$n" -le "$#" ] || exit 125; '
         'head -c "$size" | ( c=$#; k=0; for a do k=$((k + 1)); '
         '[ "$k" -gt "$n" ] || set -- "$@" "$a"; done; shift "$c"; item "$@" ) '
-        '>"$out/1" 2>"$out/2"; rc=$?; '
-        'printf "item %s %s %s %s\\n" "$i" "$rc" '
-        '"$(base64 -w0 "$out/1")" "$(base64 -w0 "$out/2")"; '
+        '>"$out/1" 2>"$out/2"; rc=$?; e=; [ -s "$out/2" ] && e=$(base64 -w0 "$out/2"); '
+        'printf "item %s %s %s %s\\n" "$i" "$rc" "$(base64 -w0 "$out/1")" "$e"; '
         'shift "$n"; i=$((i + 1)); done'
     ),
     # collect PATH...: the regular files among them as a tar stream, each read once; links
