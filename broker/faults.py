@@ -1,8 +1,9 @@
 """Deterministic crash points for the chaos suite: `KLIQUE_CRASH_AT=point:n` ends the process
 with SIGKILL the n-th time it reaches `point`. Unset (always, outside tests), it does nothing.
 
-Points: `after_submit` (the pool accepted a job, the store does not know it yet),
-`before_submit` (the task is PLACED, nothing was sent), `after_poll` (a status query
+Points: `after_submit` (the pool accepted a job, the store does not know it yet; reached once
+per task of a batch, before its record), `before_submit` (the task is PLACED, nothing was sent;
+reached once per task of a batch, once all of them are begun), `after_poll` (a status query
 answered, nothing was written).
 """
 

@@ -18,9 +18,24 @@ UNPACK_FAILED = 125
 UNPACK_WORDS = "klique: the files above could not be written"
 MISSING = 3  # read: the file is not there
 FILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+# A job folder as PoolDriver.new_job_dir names it (tag, attempt, 12 random hex digits), at an
+# absolute path of plain names: the only folders submit-many makes.
+JOB_FOLDER = re.compile(r"(/[A-Za-z0-9_][A-Za-z0-9_.-]*)*/klique-[0-9]+-[0-9]+-[0-9a-f]{12}")
 # The programs an unpack may run after writing a job folder (its submit command): the helper
 # runs these and nothing else, so a sudoers rule for it grants no shell.
 SUBMIT_PROGRAMS = ("sbatch", "qsub", "bsub")
+NOT_SUBMIT = 126  # submit-many: the item's command is not one of SUBMIT_PROGRAMS
+# submit-many: one line per item on stdout, "item INDEX EXIT STDOUT STDERR" (base64, so that
+# nothing a command prints can break the lines).
+ITEM_LINE = re.compile(r"item (\d+) (\d+) ([A-Za-z0-9+/=]*) ?([A-Za-z0-9+/=]*)")
+# Without SBATCH_* and SLURM_* but SLURM_CONF: sbatch(1), "INPUT ENVIRONMENT VARIABLES", they
+# override the script's #SBATCH lines (a login shell's SBATCH_TIMELIMIT or SBATCH_PARTITION
+# would change the job), and an enclosing job's SLURM_* would leak into the new one.
+_SCRUB = (
+    "for name in $(env | sed -n 's/^\\(S\\(BATCH\\|LURM\\)_[A-Za-z0-9_]*\\)=.*/\\1/p'); do "
+    '[ "$name" = SLURM_CONF ] || unset "$name"; done; '
+)
+_UNPACKED = f'{{ echo "{UNPACK_WORDS}" >&2; exit {UNPACK_FAILED}; }}'
 
 SCRIPTS: dict[str, str] = {
     # write PATH MODE < data: atomically (a temporary name in the same folder, then rename).
@@ -33,18 +48,36 @@ SCRIPTS: dict[str, str] = {
     # unpack FOLDER [--stdin=FILE] [COMMAND...] < tar: a NEW folder (mkdir without -p fails on
     # any existing name: a folder, a link, a file someone planted; -m 700 makes it private from
     # the first instant), its files with their modes, then the command, if any, in the same
-    # process (umask 077: what it starts, a batch job, makes private files too), without
-    # SBATCH_* and SLURM_* but SLURM_CONF: sbatch(1), "INPUT ENVIRONMENT VARIABLES", they
-    # override the script's #SBATCH lines (a login shell's SBATCH_TIMELIMIT or SBATCH_PARTITION
-    # would change the job), and an enclosing job's SLURM_* would leak into the new one.
+    # process (umask 077: what it starts, a batch job, makes private files too), without the
+    # scheduler's input variables (_SCRUB).
     "unpack": (
-        f'umask 077; mkdir -m 700 -- "$1" && tar -x -m -p -f - -C "$1" || '
-        f'{{ echo "{UNPACK_WORDS}" >&2; exit {UNPACK_FAILED}; }}; shift; '
-        '[ "$#" -eq 0 ] && exit 0; '
-        "for name in $(env | sed -n 's/^\\(S\\(BATCH\\|LURM\\)_[A-Za-z0-9_]*\\)=.*/\\1/p'); do "
-        '[ "$name" = SLURM_CONF ] || unset "$name"; done; '
+        f'umask 077; mkdir -m 700 -- "$1" && tar -x -m -p -f - -C "$1" || {_UNPACKED}; shift; '
+        f'[ "$#" -eq 0 ] && exit 0; {_SCRUB}'
         'case "$1" in --stdin=*) input=${1#--stdin=}; shift; exec "$@" <"$input";; esac; '
         'exec "$@"'
+    ),
+    # submit-many [N FOLDER [--stdin=FILE] COMMAND...]... < [SIZE\n tar]...: per item (its N
+    # words, and SIZE bytes of tar), what unpack does, the command one of SUBMIT_PROGRAMS (from
+    # /dev/null or its --stdin file; _SCRUB once for all); then its ITEM_LINE. Items are
+    # independent: a name that exists fails its own item only. The tar is always read to its
+    # end, so the next item's bytes stay in step; any other fault in the framing ends the whole
+    # with UNPACK_FAILED.
+    "submit-many": (
+        f"umask 077; {_SCRUB}out=$(mktemp -d) || exit 125; trap 'rm -rf -- \"$out\"' EXIT; i=0; "
+        'item() { mkdir -m 700 -- "$1" && tar -x -m -p -f - -C "$1" || '
+        f'{{ cat >/dev/null; echo "{UNPACK_WORDS}" >&2; exit {UNPACK_FAILED}; }}; '
+        'cat >/dev/null; shift; [ "$#" -eq 0 ] && exit 0; input=/dev/null; '
+        'case "$1" in --stdin=*) input=${1#--stdin=}; shift;; esac; '
+        f'case "$1" in {"|".join(SUBMIT_PROGRAMS)}) exec "$@" <"$input";; esac; '
+        f'echo "klique: runs only {", ".join(SUBMIT_PROGRAMS)} after unpack" >&2; '
+        f"exit {NOT_SUBMIT}; }}; "
+        'while [ "$#" -gt 0 ]; do n=$1; shift; IFS= read -r size || exit 125; '
+        'case "$n:$size" in :*|*:|*[!0-9:]*) exit 125;; esac; [ "$n" -le "$#" ] || exit 125; '
+        'head -c "$size" | ( c=$#; k=0; for a do k=$((k + 1)); '
+        '[ "$k" -gt "$n" ] || set -- "$@" "$a"; done; shift "$c"; item "$@" ) '
+        '>"$out/1" 2>"$out/2"; rc=$?; e=; [ -s "$out/2" ] && e=$(base64 -w0 "$out/2"); '
+        'printf "item %s %s %s %s\\n" "$i" "$rc" "$(base64 -w0 "$out/1")" "$e"; '
+        'shift "$n"; i=$((i + 1)); done'
     ),
     # collect PATH...: the regular files among them as a tar stream, each read once; links
     # stored as links (never followed); missing ones skipped.

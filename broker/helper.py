@@ -11,10 +11,13 @@ Standard library only, Python 3.8+; install it root-owned and read-only:
 `klique agent --install-helper /usr/local/libexec/klique-helper`.
 """
 
+import base64
 import contextlib
 import io
 import os
+import re
 import stat
+import subprocess
 import sys
 import tarfile
 import tempfile
@@ -27,6 +30,8 @@ UNPACK_FAILED = 125
 UNPACK_WORDS = "klique: the files above could not be written"
 MISSING = 3
 SUBMIT_PROGRAMS = ("sbatch", "qsub", "bsub")
+NOT_SUBMIT = 126
+JOB_FOLDER = re.compile(r"(/[A-Za-z0-9_][A-Za-z0-9_.-]*)*/klique-[0-9]+-[0-9]+-[0-9a-f]{12}")
 _CHUNK = 1 << 16
 
 
@@ -76,16 +81,84 @@ def unpack(folder, *arguments):
     if not command or command[0] not in SUBMIT_PROGRAMS:
         sys.stderr.write(f"klique-helper runs only {', '.join(SUBMIT_PROGRAMS)} after unpack\n")
         return 126
-    for name in [n for n in os.environ if n.startswith(("SBATCH_", "SLURM_"))]:
-        if name != "SLURM_CONF":  # sbatch(1): input variables override the script's lines
-            del os.environ[name]
+    for name in [n for n in os.environ if _scheduler_input(n)]:
+        del os.environ[name]
     os.execvp(command[0], command)  # noqa: S606 - one of SUBMIT_PROGRAMS, checked above
     return 127  # not reached
 
 
-def _extract(folder):
+def submit_many(*arguments):
+    """submit-many [N FOLDER [--stdin=FILE] COMMAND...]... < [SIZE\\n tar]...: for each item,
+    what unpack does, the command run as a child (stdin /dev/null or its --stdin file), then
+    one line "item INDEX EXIT STDOUT STDERR" (base64). A fault in the framing ends the whole."""
+    os.umask(0o077)
+    items = _items(arguments)
+    if items is None:
+        return UNPACK_FAILED
+    for index, (folder, command) in enumerate(items):
+        size = sys.stdin.buffer.readline().rstrip(b"\n")
+        if not size.isdigit():
+            return UNPACK_FAILED
+        data = sys.stdin.buffer.read(int(size))
+        code, out, err = _submit_item(folder, command, io.BytesIO(data))
+        words = (base64.b64encode(out).decode(), base64.b64encode(err).decode())
+        sys.stdout.write(f"item {index} {code} {words[0]} {words[1]}\n")
+        sys.stdout.flush()
+    return 0
+
+
+def _items(arguments):
+    """The (folder, command) of each item from its N words; None when they do not add up."""
+    items, rest = [], list(arguments)
+    while rest:
+        count = rest.pop(0)
+        if not count.isdigit() or not 0 < int(count) <= len(rest):
+            return None
+        words, rest = rest[: int(count)], rest[int(count) :]
+        if not JOB_FOLDER.fullmatch(words[0]):  # only job folders named as Klique names them
+            return None
+        items.append((words[0], words[1:]))
+    return items
+
+
+def _submit_item(folder, command, data):
+    """One item of submit-many: (exit code, stdout, stderr)."""
+    try:
+        os.mkdir(folder, 0o700)
+        _extract(folder, data)
+    except (OSError, ValueError, tarfile.TarError) as exc:
+        return UNPACK_FAILED, b"", f"{exc}\n{UNPACK_WORDS}\n".encode()
+    if not command:
+        return 0, b"", b""
+    source = "/dev/null"
+    if command[0].startswith("--stdin="):
+        source = command.pop(0)[len("--stdin=") :]
+    if not command or command[0] not in SUBMIT_PROGRAMS:
+        words = f"klique: runs only {', '.join(SUBMIT_PROGRAMS)} after unpack\n"
+        return NOT_SUBMIT, b"", words.encode()
+    env = {k: v for k, v in os.environ.items() if not _scheduler_input(k)}
+    try:
+        stdin = open(source, "rb")  # noqa: SIM115 - closed below
+    except OSError as exc:
+        return 2, b"", f"{exc}\n".encode()  # as the shell's failed redirection
+    with stdin:
+        try:  # one of SUBMIT_PROGRAMS, checked above
+            done = subprocess.run(command, stdin=stdin, capture_output=True, env=env, check=False)  # noqa: S603
+        except OSError as exc:
+            return (127 if isinstance(exc, FileNotFoundError) else 126), b"", f"{exc}\n".encode()
+    code = done.returncode
+    return (code if code >= 0 else 128 - code), done.stdout, done.stderr
+
+
+def _scheduler_input(name):
+    """sbatch(1): SBATCH_* and SLURM_* (but SLURM_CONF) override the script's lines."""
+    return name.startswith(("SBATCH_", "SLURM_")) and name != "SLURM_CONF"
+
+
+def _extract(folder, source=None):
     """The tar stream's regular files, each a plain name, created new with its own mode."""
-    with tarfile.open(fileobj=sys.stdin.buffer, mode="r|") as archive:
+    source = sys.stdin.buffer if source is None else source
+    with tarfile.open(fileobj=source, mode="r|") as archive:
         for member in archive:
             name = member.name
             if not member.isreg() or "/" in name or name in (".", ".."):
@@ -154,6 +227,7 @@ OPERATIONS: "dict[str, tuple[Callable[..., int], int | None]]" = {
     "write": (write, 2),
     "read": (read, 3),
     "unpack": (unpack, None),
+    "submit-many": (submit_many, None),
     "collect": (collect, None),
     "private-dir": (private_dir, 1),
     "mkdir": (mkdir, 1),
@@ -189,7 +263,7 @@ def main(argv=None):
     if count is not None and len(rest) != count:
         sys.stderr.write(f"klique-helper {args[0]} takes {count} arguments\n")
         return 2
-    paths = rest if args[0] == "collect" else rest[:1]
+    paths = rest if args[0] == "collect" else [] if args[0] == "submit-many" else rest[:1]
     if any(not path.startswith("/") for path in paths):
         sys.stderr.write(f"klique-helper {args[0]}: paths must be absolute\n")
         return 2

@@ -4,6 +4,7 @@ pooled connection per (host, port, account). The only place in the broker that r
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import os
 import pwd
@@ -19,7 +20,7 @@ import asyncssh
 
 from broker import fileops
 from broker.domain import Pool
-from broker.errors import CommandFailed, NotPermitted, TransportError
+from broker.errors import CommandFailed, KliqueError, NotPermitted, TransportError
 
 # POSIX portable user names (at most 32 characters, as shadow-utils allows).
 _ACCOUNT = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}")
@@ -34,6 +35,23 @@ class Completed:
     returncode: int
     stdout: str
     stderr: str
+
+
+@dataclass(frozen=True)
+class JobFolder:
+    """One item of `Transport.write_and_submit_many`: a new folder, its files (name -> (data,
+    mode)), and the submit command to run after writing them (its stdin the folder's file
+    `then_stdin`, if given)."""
+
+    folder: str
+    files: Mapping[str, tuple[bytes, int]]
+    then: Sequence[str]
+    then_stdin: str | None = None
+
+
+# One submit-many command carries at most this many items, or about this many bytes of tar.
+BATCH_ITEMS = 64
+BATCH_BYTES = 16 << 20
 
 
 def check_account(account: str) -> None:
@@ -121,11 +139,52 @@ def _absolute(path: str) -> str:
     return path
 
 
+def _plain(folder: str, files: Mapping[str, tuple[bytes, int]]) -> str:
+    """The folder, absolute, once its files' names are plain names inside it."""
+    bad = [name for name in files if not fileops.FILE_NAME.fullmatch(name)]
+    if bad:
+        raise TransportError(f"file names {bad!r} must be plain names inside {folder}")
+    return _absolute(folder)
+
+
+def _not_a_job_folder(folder: str) -> CommandFailed:
+    return CommandFailed(
+        f"{folder!r} is not a job folder as Klique names them (an absolute path of plain "
+        "names, ending in klique-ID-ATTEMPT-HEX); nothing was written"
+    )
+
+
+def _batches(items: Sequence[JobFolder]) -> list[list[tuple[JobFolder, bytes]]]:
+    """The items with their tars, in runs of at most BATCH_ITEMS items or about BATCH_BYTES."""
+    batches: list[list[tuple[JobFolder, bytes]]] = []
+    size = 0
+    for item in items:
+        tar = fileops.tar_of(item.files)
+        if not batches or len(batches[-1]) >= BATCH_ITEMS or size + len(tar) > BATCH_BYTES:
+            batches.append([])
+            size = 0
+        batches[-1].append((item, tar))
+        size += len(tar)
+    return batches
+
+
+def _item_lines(stdout: str) -> dict[int, Completed]:
+    """submit-many's answer: each item's exit code and output (fileops.ITEM_LINE)."""
+    found: dict[int, Completed] = {}
+    for line in stdout.splitlines():
+        match = fileops.ITEM_LINE.fullmatch(line)
+        if match:
+            out, err = (base64.b64decode(match[n]).decode(errors="replace") for n in (3, 4))
+            found[int(match[1])] = Completed(int(match[2]), out, err)
+    return found
+
+
 class Transport(ABC):
     """Runs argv as an account and moves files as that account; subclasses say where."""
 
     host: str
     default_account: str | None = None  # for reading files when no account is named
+    commands = 0  # how many commands this transport has run (each one process or session)
 
     async def run(
         self,
@@ -136,7 +195,7 @@ class Transport(ABC):
         timeout: float = 60.0,
         env: Mapping[str, str] | None = None,
     ) -> Completed:
-        raw = await self._exec(argv, account, stdin, timeout, env)
+        raw = await self._call(argv, account, stdin, timeout, env)
         return Completed(raw.returncode, raw.out.decode(errors="replace"), raw.err)
 
     def op(self, name: str, *args: str) -> list[str]:
@@ -168,12 +227,21 @@ class Transport(ABC):
 
         Returns how `then` ended; raises CommandFailed when the files could not be written.
         """
-        bad = [name for name in files if not fileops.FILE_NAME.fullmatch(name)]
-        if bad:
-            raise TransportError(f"file names {bad!r} must be plain names inside {folder}")
-        extra = [f"--stdin={_absolute(folder)}/{then_stdin}"] if then and then_stdin else []
-        argv = self.op("unpack", _absolute(folder), *extra, *then)
+        folder = _plain(folder, files)
+        extra = [f"--stdin={folder}/{then_stdin}"] if then and then_stdin else []
+        argv = self.op("unpack", folder, *extra, *then)
         done = await self.run(argv, account=account, stdin=fileops.tar_of(files), timeout=timeout)
+        return self._unpacked(folder, files, account, done, bool(then))
+
+    def _unpacked(
+        self,
+        folder: str,
+        files: Mapping[str, tuple[bytes, int]],
+        account: str,
+        done: Completed,
+        then: bool,
+    ) -> Completed:
+        """How an unpack ended; CommandFailed when the files could not be written."""
         words = fileops.UNPACK_WORDS
         unpacked = not (
             done.returncode == fileops.UNPACK_FAILED and done.stderr.rstrip().endswith(words)
@@ -185,6 +253,58 @@ class Transport(ABC):
                 f"{words or f'exit {done.returncode}'}"
             )
         return done
+
+    async def write_and_submit_many(
+        self, items: Sequence[JobFolder], *, account: str, timeout: float = 60.0
+    ) -> list[Completed | KliqueError]:
+        """Each item as `write_files` does it, as account, in one command per BATCH_ITEMS (or
+        BATCH_BYTES of tar): each folder new, each command one of the submit programs. Items
+        are independent; one outcome per item, in order: how its command ended, CommandFailed
+        (its files could not be written), or TransportError when the command as a whole failed
+        (a timeout, a lost connection: whether the item's command ran is unknown)."""
+        results: dict[int, Completed | KliqueError] = {
+            n: _not_a_job_folder(item.folder)
+            for n, item in enumerate(items)
+            if not fileops.JOB_FOLDER.fullmatch(item.folder)
+        }
+        named = [n for n in range(len(items)) if n not in results]
+        answers: list[Completed | KliqueError] = []
+        for batch in _batches([items[n] for n in named]):
+            answers += await self._submit_batch(batch, account, timeout)
+        results.update(zip(named, answers, strict=True))
+        return [results[index] for index in range(len(items))]
+
+    async def _submit_batch(
+        self, items: Sequence[tuple[JobFolder, bytes]], account: str, timeout: float
+    ) -> list[Completed | KliqueError]:
+        words: list[str] = []
+        for item, _tar in items:
+            folder = _plain(item.folder, item.files)
+            extra = [f"--stdin={folder}/{item.then_stdin}"] if item.then_stdin else []
+            words += [str(1 + len(extra) + len(item.then)), folder, *extra, *item.then]
+        stdin = b"".join(b"%d\n%s" % (len(tar), tar) for _item, tar in items)
+        try:
+            done = await self.run(
+                self.op("submit-many", *words), account=account, stdin=stdin, timeout=timeout
+            )
+        except KliqueError as exc:
+            return [exc] * len(items)
+        found = _item_lines(done.stdout)
+        results: list[Completed | KliqueError] = []
+        for index, (item, _tar) in enumerate(items):
+            if index not in found:
+                results.append(
+                    TransportError(
+                        f"submitting {len(items)} job folders as {account} on {self.host} ended "
+                        f"before {item.folder} (exit {done.returncode}): {done.stderr.strip()}"
+                    )
+                )
+                continue
+            try:
+                results.append(self._unpacked(item.folder, item.files, account, found[index], True))
+            except CommandFailed as exc:
+                results.append(exc)
+        return results
 
     async def make_dir(self, path: str, *, account: str) -> None:
         done = await self.run(self.op("mkdir", _absolute(path)), account=account)
@@ -202,7 +322,7 @@ class Transport(ABC):
         if account is None:
             raise TransportError(f"reading {path} on {self.host} needs an account")
         argv = self.op("read", _absolute(path), str(offset + 1), str(limit))
-        done = await self._exec(argv, account, None, 60.0, None)
+        done = await self._call(argv, account, None, 60.0, None)
         if done.returncode == fileops.MISSING:
             return None
         if done.returncode:
@@ -215,7 +335,7 @@ class Transport(ABC):
         if not paths:
             return {}
         argv = self.op("collect", *(_absolute(p) for p in paths))
-        done = await self._exec(argv, account, None, 60.0, None)
+        done = await self._call(argv, account, None, 60.0, None)
         if done.returncode:
             raise TransportError(
                 f"could not read {len(paths)} files as {account} on {self.host}: {done.err}"
@@ -256,6 +376,12 @@ class Transport(ABC):
 
     async def close(self) -> None:
         return None
+
+    async def _call(
+        self, argv: Sequence[str], account: str, stdin: bytes | None, timeout: float, env: _Env
+    ) -> _Raw:
+        self.commands += 1
+        return await self._exec(argv, account, stdin, timeout, env)
 
     @abstractmethod
     async def _exec(

@@ -72,6 +72,7 @@ class PoolDriver(ABC):
 
     transport: Transport
     job_root: str
+    submit_batch = 1  # tasks the agent hands `submit_many` at once
 
     def __init__(self, pool: Pool, context: Context) -> None:
         self.pool = pool
@@ -143,6 +144,18 @@ class PoolDriver(ABC):
     async def submit(self, task: Task, report_token: str) -> Submission:
         """Stand the task up in `task.job_dir` (new). Raises SubmitError with the pool's words.
         `report_token` goes into task.json only: the store keeps its digest."""
+
+    async def submit_many(self, tasks: Sequence[tuple[Task, str]]) -> list[Submission | Exception]:
+        """`submit` for each (task, report token), in order: each one's Submission, or what
+        `submit` raised for it. Pools that can submit several tasks in one command override it
+        (and `submit_batch`, how many the agent hands over at once)."""
+        results: list[Submission | Exception] = []
+        for task, report_token in tasks:
+            try:
+                results.append(await self.submit(task, report_token))
+            except Exception as exc:  # the caller judges each task's outcome
+                results.append(exc)
+        return results
 
     @abstractmethod
     async def poll(self, tasks: Sequence[Task]) -> dict[int, Observation]:

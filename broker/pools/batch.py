@@ -40,7 +40,7 @@ from broker.templates import (
     safe_directive,
     search_roots,
 )
-from broker.transport import Completed, Transport, make_transport
+from broker.transport import BATCH_ITEMS, Completed, JobFolder, Transport, make_transport
 
 log = logging.getLogger("klique.pools")
 
@@ -77,6 +77,8 @@ class Capacity:
 
 class BatchDriver(PoolDriver):
     """A pool behind a batch scheduler. Subclasses fill in the hooks below."""
+
+    submit_batch = BATCH_ITEMS  # tasks the agent hands `submit_many` at once
 
     kind: ClassVar[str]
     STATES: ClassVar[Mapping[str, TaskState]]
@@ -132,6 +134,9 @@ class BatchDriver(PoolDriver):
         self._detect_per_account = per_account is None
         self._problems_seen: set[tuple[str, str]] = set()
         self._runner: bytes | None = None
+        # Tags of tasks submitted but maybe not recorded yet (the agent records a batch after
+        # its command ends): their jobs are no strangers.
+        self._submitting: set[str] = set()
 
     # Hooks a scheduler module supplies.
 
@@ -269,28 +274,83 @@ class BatchDriver(PoolDriver):
     async def submit(self, task: Task, report_token: str) -> Submission:
         account = self.account(task)
         await self.stage_uv(account)
+        job = self._job_folder(task, report_token)
+        try:  # the job directory is written and submitted in one command: one spawn, or session
+            done = await self.transport.write_files(
+                job.folder,
+                job.files,
+                account=account,
+                then=job.then,
+                then_stdin=job.then_stdin,
+                timeout=60,
+            )
+        except TransportError as exc:
+            raise SubmitUnknown(f"the submit command's outcome is unknown: {exc}") from exc
+        return self._submitted(job.folder, done)
+
+    async def submit_many(self, tasks: Sequence[tuple[Task, str]]) -> list[Submission | Exception]:
+        """`submit` for each task, with one command per account (up to BATCH_ITEMS each):
+        each task's outcome is what `submit` would raise or return for it."""
+        results: dict[int, Submission | Exception] = {}
+        groups: dict[str, list[tuple[int, JobFolder]]] = {}
+        for index, (task, report_token) in enumerate(tasks):
+            try:
+                account = self.account(task)
+                await self.stage_uv(account)
+                groups.setdefault(account, []).append((index, self._job_folder(task, report_token)))
+            except Exception as exc:  # this task's own fault (its user, its template)
+                results[index] = exc
+        self._submitting |= {tasks[index][0].tag for jobs in groups.values() for index, _ in jobs}
+        answers = await asyncio.gather(
+            *(self._submit_as(account, jobs) for account, jobs in groups.items())
+        )
+        for jobs, outcomes in zip(groups.values(), answers, strict=True):
+            for (index, _job), outcome in zip(jobs, outcomes, strict=True):
+                results[index] = outcome
+                if isinstance(outcome, Exception) and not isinstance(outcome, SubmitUnknown):
+                    self._submitting.discard(tasks[index][0].tag)  # no job was queued
+        return [results[index] for index in range(len(tasks))]
+
+    async def _submit_as(
+        self, account: str, jobs: Sequence[tuple[int, JobFolder]]
+    ) -> list[Submission | Exception]:
+        folders = [job for _index, job in jobs]
+        done = await self.transport.write_and_submit_many(
+            folders, account=account, timeout=60 + len(folders)
+        )
+        outcomes: list[Submission | Exception] = []
+        for job, answer in zip(folders, done, strict=True):
+            if isinstance(answer, TransportError):
+                unknown = f"the submit command's outcome is unknown: {answer}"
+                outcomes.append(SubmitUnknown(unknown))
+            elif isinstance(answer, Exception):
+                outcomes.append(answer)
+            else:
+                try:
+                    outcomes.append(self._submitted(job.folder, answer))
+                except KliqueError as exc:
+                    outcomes.append(exc)
+        return outcomes
+
+    def _job_folder(self, task: Task, report_token: str) -> JobFolder:
+        """The task's job folder: its files (in a new folder of mode 700, owned by the
+        account) and the command that submits its script."""
         job_dir = str(task.job_dir)
         script = self.render(task, job_dir)
         document = self.task_document(task, report_token)
         nodes = self.context.estate.resources[task.resource].profile.nodes
         if nodes > 1:  # one runner per node (inside_job/ranks.py)
             document["nodes"] = nodes
-        files = {  # in a new folder of mode 700, owned by the account (Transport.write_files)
+        files = {
             "task.json": (_json_bytes(document), 0o600),
             "klique-runner.pyz": (self._runner_bytes(), 0o600),
             "job.sh": (script.encode(), 0o700),
         }
-        try:  # the job directory is written and submitted in one command: one spawn, or session
-            done = await self.transport.write_files(
-                job_dir,
-                files,
-                account=account,
-                then=self.submit_argv(f"{job_dir}/job.sh"),
-                then_stdin="job.sh" if self.SUBMIT_STDIN else None,
-                timeout=60,
-            )
-        except TransportError as exc:
-            raise SubmitUnknown(f"the submit command's outcome is unknown: {exc}") from exc
+        then_stdin = "job.sh" if self.SUBMIT_STDIN else None
+        return JobFolder(job_dir, files, self.submit_argv(f"{job_dir}/job.sh"), then_stdin)
+
+    def _submitted(self, job_dir: str, done: Completed) -> Submission:
+        """What the submit command's answer means for the task (raised: its error)."""
         words = (done.stderr or done.stdout).strip() or f"exit {done.returncode}"
         if done.returncode != 0 and self.SUBMIT_UNKNOWN and self.SUBMIT_UNKNOWN.search(words):
             raise SubmitUnknown(f"the scheduler may have queued the job: {words}")
@@ -499,8 +559,11 @@ class BatchDriver(PoolDriver):
     def _note_strangers(self, tasks: Sequence[Task]) -> None:
         """Jobs with Klique's tag that Klique does not know: reported, never cancelled."""
         known = {t.tag for t in tasks}
+        self._submitting -= known  # recorded: followed from now on
         for status in self._last.values():
-            if _TAG.fullmatch(status.name) and status.name not in known:
+            if status.name in known:
+                self.strangers.discard(status.native_id)
+            elif _TAG.fullmatch(status.name) and status.name not in self._submitting:
                 final = self.STATES.get(status.state, TaskState.RUNNING).final
                 if not final and status.native_id not in self.strangers:
                     log.warning(

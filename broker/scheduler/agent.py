@@ -21,7 +21,7 @@ from dataclasses import replace
 from broker.domain import Task, TaskState
 from broker.errors import KliqueError, SubmitUnknown, TransportError
 from broker.faults import crash_point
-from broker.pools.base import PoolDriver
+from broker.pools.base import PoolDriver, Submission
 from broker.scheduler.link import ACTIVE, ControlPlane
 from broker.scheduler.placement import PoolState
 from broker.store.repository import token_digest
@@ -133,8 +133,9 @@ class PoolAgent:
         self.snapshot = replace(state, last_good=self.last_good)
         self.looks += 1
         await self._publish()
-        for task in fresh:
-            self._start(task, self._submit)
+        size = max(self.driver.submit_batch, 1)
+        for start in range(0, len(fresh), size):
+            self._start_all(fresh[start : start + size], self._submit)
 
     async def _publish(self) -> None:
         with contextlib.suppress(KliqueError):
@@ -152,17 +153,26 @@ class PoolAgent:
 
     def _start(self, task: Task, operation: Callable[[Task], Awaitable[None]]) -> None:
         """Run one operation on one task in the background, bounded in time, one at a time."""
-        if task.id in self._busy:
+        self._start_all([task], lambda tasks: operation(tasks[0]))
+
+    def _start_all(
+        self, tasks: list[Task], operation: Callable[[list[Task]], Awaitable[None]]
+    ) -> None:
+        """The same for an operation on several tasks at once (a batch of submissions)."""
+        tasks = [t for t in tasks if t.id not in self._busy]
+        if not tasks:
             return
-        self._busy.add(task.id)
+        ids = {t.id for t in tasks}
+        self._busy |= ids
 
         async def guarded() -> None:
             try:
-                await asyncio.wait_for(operation(task), OPERATION_TIMEOUT_S)
+                await asyncio.wait_for(operation(tasks), OPERATION_TIMEOUT_S)
             except Exception as exc:
-                log.warning("pool %s: task %s: %s", self.name, task.id, _words(exc))
+                shown = ", ".join(str(t.id) for t in tasks)
+                log.warning("pool %s: task %s: %s", self.name, shown, _words(exc))
             finally:
-                self._busy.discard(task.id)
+                self._busy -= ids
 
         job = asyncio.get_running_loop().create_task(guarded())
         self._operations.add(job)
@@ -170,37 +180,51 @@ class PoolAgent:
 
     # Operations.
 
-    async def _submit(self, task: Task) -> None:
+    async def _submit(self, tasks: list[Task]) -> None:
         async with self._slots:
-            await self._submit_now(task)
+            await self._submit_now(tasks)
 
-    async def _submit_now(self, task: Task) -> None:
+    async def _submit_now(self, tasks: list[Task]) -> None:
         # A new folder and report token for every attempt, recorded before anything is sent:
         # a crash after this finds the job by its folder, and an old attempt cannot report.
-        token = secrets.token_urlsafe(32)
-        begun = await self.link.begin(task, self.driver.new_job_dir(task), token_digest(token))
-        if begun is None:
-            return  # cancelled meanwhile
-        crash_point("before_submit")
-        try:
-            done = await self.driver.submit(begun, token)
-        except SubmitUnknown as exc:
-            log.warning("task %s: submission outcome unknown: %s", task.id, exc)
+        begun: list[tuple[Task, str]] = []
+        for task in tasks:
+            token = secrets.token_urlsafe(32)
+            found = await self.link.begin(task, self.driver.new_job_dir(task), token_digest(token))
+            if found is not None:  # else cancelled meanwhile
+                begun.append((found, token))
+        for _ in begun:  # counted per task: every task of the batch is begun, none is sent
+            crash_point("before_submit")
+        if not begun:
+            return
+        outcomes = await self.driver.submit_many(begun)
+        for (task, _token), outcome in zip(begun, outcomes, strict=True):
+            try:
+                await self._submitted(task, outcome)
+            except Exception as exc:  # one task's record: the others are recorded still
+                log.warning("pool %s: task %s: %s", self.name, task.id, _words(exc))
+
+    async def _submitted(self, begun: Task, outcome: Submission | Exception) -> None:
+        """Record how one task's submission ended."""
+        if isinstance(outcome, SubmitUnknown):
+            log.warning("task %s: submission outcome unknown: %s", begun.id, outcome)
             return  # stays placed, with its folder: the next look finds its job or resubmits
-        except TransportError as exc:  # nothing was submitted: try again when it is back
+        if isinstance(outcome, TransportError):  # nothing was submitted: try again when back
             await self.link.requeue(
                 begun,
-                f"pool {self.name} unreachable: {exc}",
+                f"pool {self.name} unreachable: {outcome}",
                 skip=False,
                 only_from=[TaskState.PLACED],
             )
             return
-        except KliqueError as exc:  # refused: the pool's words, an unmapped user, a template
-            await self.link.refused(begun, f"refused by pool {self.name}: {exc}")
+        if isinstance(outcome, KliqueError):  # refused: the pool's words, an unmapped user...
+            await self.link.refused(begun, f"refused by pool {self.name}: {outcome}")
             return
+        if isinstance(outcome, Exception):
+            raise outcome  # not the pool's answer (a fault of Klique's): stays placed
         crash_point("after_submit")
-        if not await self.link.submitted(begun, done.native_id, done.job_dir):
-            await self.driver.cancel(replace(begun, native_id=done.native_id))
+        if not await self.link.submitted(begun, outcome.native_id, outcome.job_dir):
+            await self.driver.cancel(replace(begun, native_id=outcome.native_id))
 
     async def _cancel(self, task: Task) -> None:
         await self.driver.cancel(task)

@@ -4,6 +4,7 @@ and a compute resource's checkpoint signal reaches the task before its walltime.
 
 from __future__ import annotations
 
+import base64
 import os
 import re
 import subprocess
@@ -14,7 +15,7 @@ import pytest
 from batch_helpers import JOB_PYTHON, open_folder, shared_folder
 from conftest import TASK_PY, submitted_id
 
-from broker.fileops import SCRIPTS, tar_of
+from broker.fileops import ITEM_LINE, SCRIPTS, tar_of
 
 pytestmark = pytest.mark.slurm
 
@@ -78,6 +79,17 @@ def test_sbatch_variables_of_the_submitting_environment_do_not_change_the_job(fo
     job = job_fields(held_jobs[-1])
     assert (job["Partition"], job["TimeLimit"]) == ("debug", "00:05:00")
     assert job["UserId"].startswith("alice(")
+    # The same through submit-many, for a burst of submissions.
+    many_dir = folder / "klique-env-many"
+    words = ["4", str(many_dir), "sbatch", "--parsable", f"{many_dir}/job.sh"]
+    line = as_alice(
+        ["sh", "-c", SCRIPTS["submit-many"], "sh", *words], b"%d\n%s" % (len(stdin), stdin)
+    )
+    answer = ITEM_LINE.fullmatch(line)
+    assert answer and answer[2] == "0", line
+    held_jobs.append(base64.b64decode(answer[3]).decode().strip())
+    job = job_fields(held_jobs[-1])
+    assert (job["Partition"], job["TimeLimit"]) == ("debug", "00:05:00")
 
 
 ESTATE = """

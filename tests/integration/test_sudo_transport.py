@@ -255,3 +255,9 @@ def test_the_agent_token_serves_its_pools_only(host_server: Any) -> None:
     with host_server.api() as api:
         refused = api.post("/agent-tokens", json={"pools": ["local"]})
     assert refused.status_code == 404 and "agent: remote" in refused.json()["detail"]
+
+
+def test_the_helper_submits_many_job_folders_as_the_scripts_do(sudo_rule: str) -> None:
+    from submit_many_helpers import expected, run_scenario
+
+    assert run_scenario(SudoTransport(str(HELPER))) == expected()

@@ -463,3 +463,38 @@ def test_local_write_files_makes_the_folder_and_keeps_each_files_mode(home_dir: 
         assert (info.st_uid, info.st_mode & 0o777) == (alice.pw_uid, mode)
         assert (folder / name).read_bytes() == data
     assert os.stat(folder).st_uid == alice.pw_uid
+
+
+@pytest.mark.parametrize("kind", ["local", pytest.param("ssh", marks=pytest.mark.ssh)])
+def test_many_job_folders_are_written_and_submitted_in_one_command(
+    request: pytest.FixtureRequest, test_users: tuple[str, str], kind: str
+) -> None:
+    """Each folder new and private; bob's folder and link fail their own items only; each
+    command's output and exit code come back intact, newlines and all."""
+    from submit_many_helpers import expected, run_scenario
+
+    transport = LocalTransport() if kind == "local" else ssh(request.getfixturevalue("sshd"))
+    assert run_scenario(transport) == expected()
+
+
+def test_many_job_folders_go_in_bounded_commands(
+    home_dir: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from broker import transport as transport_module
+    from broker.transport import JobFolder
+
+    monkeypatch.setattr(transport_module, "BATCH_ITEMS", 4)
+    local = LocalTransport()
+    items = [
+        JobFolder(f"{home_dir}/klique-{n}-1-{n:012x}", {"x": (b"", 0o600)}, ["sbatch", "--version"])
+        for n in range(9)
+    ]
+
+    async def scenario() -> list[Any]:
+        await local.make_dir(home_dir, account="alice")
+        before = local.commands
+        found = await local.write_and_submit_many(items, account="alice")
+        return [local.commands - before, [getattr(o, "returncode", o) for o in found]]
+
+    assert run(scenario()) == [3, [0] * 9]
+    assert sorted(os.listdir(home_dir)) == [f"klique-{n}-1-{n:012x}" for n in range(9)]
