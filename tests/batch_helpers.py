@@ -198,15 +198,23 @@ def remove_tree(folder: Path) -> None:
 
 
 def start_now(env: dict[str, str], job: str) -> None:
-    """An operator's `scontrol update StartTime=now` on a requeued job, once Slurm lists it
-    PENDING: while its old run still ends (COMPLETING), the requeue's own BeginTime, set when
-    that ends, would overwrite it."""
+    """An operator's start-now on a requeued job, once Slurm lists it PENDING and its old run
+    has left the node. While the old run still ends (COMPLETING), the requeue's own BeginTime,
+    set when that ends, would overwrite it. And slurmd refuses a launch whose credential is no
+    newer, to the second, than the revocation of the old run's ("Killing non-startable batch
+    job: Job credential revoked"): Slurm's own hold after a requeue is there for that, so the
+    start is set two seconds on, once slurmd lists no process of the old run."""
 
     def pending() -> bool:
         listed = ["squeue", "--noheader", f"--jobs={job}", "--format=%T"]
         done = subprocess.run(listed, capture_output=True, text=True, check=False, env=env)
         return done.stdout.strip() == "PENDING"
 
+    def old_run_gone() -> bool:  # the node's slurmd lists no process of the job
+        steps = ["scontrol", "listpids", job]
+        return subprocess.run(steps, capture_output=True, check=False, env=env).returncode != 0
+
     wait_for(pending, 120, f"job {job} to be pending in Slurm")
-    update = ["scontrol", "update", f"jobid={job}", "StartTime=now"]
+    wait_for(old_run_gone, 120, f"the old run of job {job} to leave the node", interval=0.2)
+    update = ["scontrol", "update", f"jobid={job}", "StartTime=now+2"]
     subprocess.run(update, check=True, env=env)
