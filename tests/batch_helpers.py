@@ -197,6 +197,17 @@ def remove_tree(folder: Path) -> None:
     shutil.rmtree(folder, ignore_errors=True)
 
 
+@contextmanager
+def sticky_job_root(prefix: str) -> Iterator[Path]:
+    """A job root every account may write (sticky, like /tmp) in a folder of its own, removed
+    after."""
+    folder = shared_folder(prefix)
+    try:
+        yield open_folder(folder / "jobs")
+    finally:
+        remove_tree(folder)
+
+
 def start_now(env: dict[str, str], job: str) -> None:
     """An operator's start-now on a requeued job, once Slurm lists it PENDING and its old run
     has left the node. While the old run still ends (COMPLETING), the requeue's own BeginTime,

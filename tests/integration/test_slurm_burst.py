@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from batch_helpers import JOB_PYTHON, open_folder, remove_tree, shared_folder
+from batch_helpers import JOB_PYTHON, sticky_job_root
 
 from broker import fileops
 from broker.domain import TaskSpec, TaskState
@@ -45,9 +45,8 @@ FINAL = {TaskState.COMPLETED, TaskState.FAILED, TaskState.CANCELLED, TaskState.T
 
 @pytest.fixture
 def job_root(slurm_cluster: Any) -> Any:
-    folder = shared_folder("klique-burst-")
-    yield open_folder(folder / "jobs")
-    remove_tree(folder)
+    with sticky_job_root("klique-burst-") as root:
+        yield root
 
 
 def seeded_store(path: Path) -> Store:

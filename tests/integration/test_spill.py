@@ -233,7 +233,9 @@ def code_server(tmp_path: Path) -> Iterator[tuple[Path, str]]:
     (checkout / "train.py").write_text("print('RESULT committed')\n")
     subprocess.run([*git, "add", "."], check=True)
     subprocess.run([*git, "commit", "-qm", "one"], check=True)
-    subprocess.run(["git", "clone", "-q", "--bare", str(checkout), str(served / "code.git")])
+    subprocess.run(
+        ["git", "clone", "-q", "--bare", str(checkout), str(served / "code.git")], check=True
+    )
     port = free_port()
     url = f"git://127.0.0.1:{port}/code.git"
     subprocess.run([*git, "remote", "add", "origin", url], check=True)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from batch_helpers import open_folder, remove_tree, shared_folder
+from batch_helpers import open_folder, sticky_job_root
 
 from broker import fileops
 from broker.errors import CommandFailed
@@ -30,9 +30,8 @@ HELPER = Path(__file__).resolve().parents[2] / "broker" / "helper.py"
 
 @pytest.fixture
 def job_root(test_users: Any) -> Any:
-    folder = shared_folder("klique-many-attack-")
-    yield open_folder(folder / "jobs")
-    remove_tree(folder)
+    with sticky_job_root("klique-many-attack-") as root:
+        yield root
 
 
 def name(n: int) -> str:
