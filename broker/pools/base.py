@@ -140,6 +140,11 @@ class PoolDriver(ABC):
     async def capacity(self, active: Sequence[Task]) -> PoolState:
         """Free capacity now, given the tasks Klique has in this pool."""
 
+    def batches(self, tasks: Sequence[Task]) -> list[list[Task]]:
+        """How the agent hands new tasks to `submit_many`: `submit_batch` at a time."""
+        size = max(self.submit_batch, 1)
+        return [list(tasks[start : start + size]) for start in range(0, len(tasks), size)]
+
     @abstractmethod
     async def submit(self, task: Task, report_token: str) -> Submission:
         """Stand the task up in `task.job_dir` (new). Raises SubmitError with the pool's words.

@@ -12,7 +12,7 @@ import random
 import re
 import time
 from abc import abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, ClassVar
@@ -22,6 +22,15 @@ from markupsafe import Markup
 from broker.containers import container_fields
 from broker.domain import Pool, Profile, Task, TaskState
 from broker.errors import KliqueError, SubmitError, SubmitUnknown, TransportError
+from broker.pools.arrays import (
+    ARRAY_NAME,
+    array_folder,
+    array_name,
+    dispatcher,
+    elements_of,
+    is_array_folder,
+    shared_directives,
+)
 from broker.pools.base import (
     PREEMPTED_MARKER,
     RUNNER_OUTCOMES,
@@ -69,6 +78,15 @@ def unreadable(native_id: str, problem: str) -> NativeStatus:
 
 
 @dataclass(frozen=True)
+class _Job:
+    """One task of a batch of submissions: its place in the batch, and its job folder."""
+
+    index: int
+    task: Task
+    folder: JobFolder
+
+
+@dataclass(frozen=True)
 class Capacity:
     free_gpus: float = 0.0
     free_cpus: int | None = None
@@ -103,6 +121,9 @@ class BatchDriver(PoolDriver):
     # pool's `requeued_held` releases it, or withdraws it (the task goes again from Klique).
     HELD_AFTER_FAILED_LAUNCH: ClassVar[re.Pattern[str] | None] = None
     SUBMIT_STDIN: ClassVar[bool] = False  # the submit command reads the script on its stdin
+    # The status command shows every batch job's script: a job with a task's tag but no
+    # script (a --wrap of another account's) is never taken for the task's.
+    SHOWS_SCRIPT: ClassVar[bool] = False
     # Status errors that mean the scheduler shows each account only its own jobs: status then
     # runs one query per mapped account, as that account (the pool's `status_per_account`).
     OTHERS_HIDDEN: ClassVar[re.Pattern[str] | None] = None
@@ -137,6 +158,8 @@ class BatchDriver(PoolDriver):
         # Tags of tasks submitted but maybe not recorded yet (the agent records a batch after
         # its command ends): their jobs are no strangers.
         self._submitting: set[str] = set()
+        self._submitting_arrays: dict[str, set[str]] = {}  # array job name: its tasks' tags
+        self.max_array = self.MAX_ARRAY  # as the scheduler's settings allow, where it says
 
     # Hooks a scheduler module supplies.
 
@@ -289,47 +312,167 @@ class BatchDriver(PoolDriver):
         return self._submitted(job.folder, done)
 
     async def submit_many(self, tasks: Sequence[tuple[Task, str]]) -> list[Submission | Exception]:
-        """`submit` for each task, with one command per account (up to BATCH_ITEMS each):
-        each task's outcome is what `submit` would raise or return for it."""
+        """`submit` for each task, with one command per account (up to BATCH_ITEMS each), and
+        one array job for each sweep's tasks that share every directive: each task's outcome
+        is what `submit` would raise or return for it."""
         results: dict[int, Submission | Exception] = {}
-        groups: dict[str, list[tuple[int, JobFolder]]] = {}
+        groups: dict[str, list[_Job]] = {}
         for index, (task, report_token) in enumerate(tasks):
             try:
                 account = self.account(task)
                 await self.stage_uv(account)
-                groups.setdefault(account, []).append((index, self._job_folder(task, report_token)))
+                job = _Job(index, task, self._job_folder(task, report_token))
+                groups.setdefault(account, []).append(job)
             except Exception as exc:  # this task's own fault (its user, its template)
                 results[index] = exc
-        self._submitting |= {tasks[index][0].tag for jobs in groups.values() for index, _ in jobs}
         answers = await asyncio.gather(
             *(self._submit_as(account, jobs) for account, jobs in groups.items())
         )
-        for jobs, outcomes in zip(groups.values(), answers, strict=True):
-            for (index, _job), outcome in zip(jobs, outcomes, strict=True):
+        for outcomes in answers:
+            for index, outcome in outcomes.items():
                 results[index] = outcome
                 if isinstance(outcome, Exception) and not isinstance(outcome, SubmitUnknown):
                     self._submitting.discard(tasks[index][0].tag)  # no job was queued
         return [results[index] for index in range(len(tasks))]
 
     async def _submit_as(
-        self, account: str, jobs: Sequence[tuple[int, JobFolder]]
-    ) -> list[Submission | Exception]:
-        folders = [job for _index, job in jobs]
+        self, account: str, jobs: Sequence[_Job]
+    ) -> dict[int, Submission | Exception]:
+        self._submitting |= {job.task.tag for job in jobs}
+        arrays, singles = self._arrays(jobs)
+        outcomes: dict[int, Submission | Exception] = {}
+        for elements in arrays:
+            outcomes.update(await self._submit_array(account, elements))
+        folders = [job.folder for job in singles]
         done = await self.transport.write_and_submit_many(
             folders, account=account, timeout=60 + len(folders)
         )
-        outcomes: list[Submission | Exception] = []
-        for job, answer in zip(folders, done, strict=True):
-            if isinstance(answer, TransportError):
-                unknown = f"the submit command's outcome is unknown: {answer}"
-                outcomes.append(SubmitUnknown(unknown))
-            elif isinstance(answer, Exception):
-                outcomes.append(answer)
+        for job, answer in zip(singles, done, strict=True):
+            outcomes[job.index] = self._outcome(job.folder.folder, answer)
+        return outcomes
+
+    def _outcome(self, job_dir: str, answer: Completed | Exception) -> Submission | Exception:
+        """What one submit command's answer (or the transport's failure) means for its task."""
+        if isinstance(answer, TransportError):
+            return SubmitUnknown(f"the submit command's outcome is unknown: {answer}")
+        if isinstance(answer, Exception):
+            return answer
+        try:
+            return self._submitted(job_dir, answer)
+        except KliqueError as exc:
+            return exc
+
+    # Job arrays, where the scheduler has them (docs/job-arrays.md).
+
+    ARRAY_INDEX: ClassVar[str | None] = None  # the variable holding an element's index
+    DIRECTIVE: ClassVar[str] = ""  # how a directive line starts in a job script ("#SBATCH")
+    MAX_ARRAY: ClassVar[int] = 1000  # elements in one array job
+
+    def array_directive(self, count: int) -> str:
+        """The directive line that makes a script an array of `count` elements, from 0."""
+        raise NotImplementedError
+
+    def element_id(self, array_id: str, index: int) -> str:
+        """One element's native id, as the status command lists it and cancel takes it."""
+        return f"{array_id}_{index}"
+
+    def batches(self, tasks: Sequence[Task]) -> list[list[Task]]:
+        """Each sweep's new tasks together (up to an array's size), the rest BATCH_ITEMS at a
+        time."""
+        if not self._uses_arrays():
+            return super().batches(tasks)
+        sweeps: dict[int | None, list[Task]] = {}
+        for task in tasks:
+            sweeps.setdefault(task.sweep, []).append(task)
+        found: list[list[Task]] = []
+        for sweep, members in sweeps.items():
+            size = BATCH_ITEMS if sweep is None else self.max_array
+            found += [members[n : n + size] for n in range(0, len(members), size)]
+        return found
+
+    def _uses_arrays(self) -> bool:
+        wanted = self.pool.settings.get("job_arrays") is not False
+        return wanted and self.ARRAY_INDEX is not None and self.max_array > 1
+
+    def _arrays(self, jobs: Sequence[_Job]) -> tuple[list[list[_Job]], list[_Job]]:
+        """The tasks of one sweep whose directives agree, as arrays of two or more; the
+        rest, one job each."""
+        if not self._uses_arrays():
+            return [], list(jobs)
+        groups: dict[tuple[object, ...], list[_Job]] = {}
+        singles: list[_Job] = []
+        for job in jobs:
+            if job.task.sweep is None:
+                singles.append(job)
+                continue
+            script = job.folder.files["job.sh"][0].decode()
+            shared = shared_directives(script, self.DIRECTIVE, job.folder.folder, job.task.tag)
+            groups.setdefault((job.task.sweep, shared), []).append(job)
+        arrays: list[list[_Job]] = []
+        for members in groups.values():
+            for start in range(0, len(members), self.max_array):
+                chunk = members[start : start + self.max_array]
+                if len(chunk) > 1:
+                    arrays.append(chunk)
+                else:
+                    singles += chunk
+        return arrays, singles
+
+    async def _submit_array(
+        self, account: str, elements: Sequence[_Job]
+    ) -> dict[int, Submission | Exception]:
+        """One array job for these tasks: their folders first (each without the runner), then
+        the array's folder (the runner once, and the dispatcher), submitted with one command.
+        A task whose folder could not be written is left out of the array with its error."""
+        without_runner = [
+            replace(job.folder, files=_but_runner(job.folder.files), then=(), then_stdin=None)
+            for job in elements
+        ]
+        written = await self.transport.write_and_submit_many(
+            without_runner, account=account, timeout=60 + len(elements)
+        )
+        outcomes: dict[int, Submission | Exception] = {}
+        members: list[_Job] = []
+        for job, answer in zip(elements, written, strict=True):
+            if isinstance(answer, Exception):  # nothing was submitted for it
+                outcomes[job.index] = answer
             else:
-                try:
-                    outcomes.append(self._submitted(job.folder, answer))
-                except KliqueError as exc:
-                    outcomes.append(exc)
+                members.append(job)
+        if not members:
+            return outcomes
+        first = members[0]
+        folder = array_folder(self.job_root, first.task.id)
+        name = array_name(folder)
+        script = dispatcher(
+            shared_directives(
+                first.folder.files["job.sh"][0].decode(),
+                self.DIRECTIVE,
+                first.folder.folder,
+                first.task.tag,
+            ),
+            f"{self.DIRECTIVE} {self.array_directive(len(members))}",
+            str(self.ARRAY_INDEX),
+            folder,
+            name,
+            [job.folder.folder for job in members],
+        )
+        files = {
+            "klique-runner.pyz": (self._runner_bytes(), 0o600),
+            "job.sh": (script.encode(), 0o700),
+        }
+        then_stdin = "job.sh" if self.SUBMIT_STDIN else None
+        array = JobFolder(folder, files, self.submit_argv(f"{folder}/job.sh"), then_stdin)
+        self._submitting_arrays[name] = {job.task.tag for job in members}
+        [answer] = await self.transport.write_and_submit_many(
+            [array], account=account, timeout=60 + len(members)
+        )
+        outcome = self._outcome(folder, answer)
+        for index, job in enumerate(members):
+            if isinstance(outcome, Exception):
+                outcomes[job.index] = outcome
+            else:
+                native_id = self.element_id(outcome.native_id, index)
+                outcomes[job.index] = Submission(native_id, job.folder.folder)
         return outcomes
 
     def _job_folder(self, task: Task, report_token: str) -> JobFolder:
@@ -476,13 +619,15 @@ class BatchDriver(PoolDriver):
             raise TransportError(done.stderr.strip())  # the controller is down: so is the pool
 
     async def _observe(self, tasks: Sequence[Task]) -> dict[int, Observation]:
-        self._note_strangers(tasks)
+        placed = [t for t in tasks if t.state is TaskState.PLACED]
+        elements = await self._array_elements(placed) if placed else {}
+        self._note_strangers(tasks, found=elements.values())
         docs = await self._exit_files([t for t in tasks if self._needs_exit_file(t)])
         news: dict[int, Observation] = {}
         gone: list[Task] = []
         for task in tasks:
             if task.state is TaskState.PLACED:
-                news[task.id] = self._find(task, docs.get(task.id))
+                news[task.id] = self._find(task, docs.get(task.id), elements)
                 continue
             status = self._last.get(task.native_id or "")
             if status is None:
@@ -527,13 +672,19 @@ class BatchDriver(PoolDriver):
                 docs[task.id] = parse_json(found.get(path))
         return docs
 
-    def _find(self, task: Task, exit_doc: Mapping[str, Any] | None) -> Observation:
-        """A task whose submission's outcome is unknown: its tag in the queue, or its files."""
+    def _find(
+        self, task: Task, exit_doc: Mapping[str, Any] | None, elements: Mapping[str, str]
+    ) -> Observation:
+        """A task whose submission's outcome is unknown: its tag in the queue, its array
+        element (`elements`: job folder to element id), or its files."""
         job_dir = str(task.job_dir)
+        if job_dir in elements:
+            return Observation(TaskState.SUBMITTED, native_id=elements[job_dir], job_dir=job_dir)
         for status in self._last.values():
             # The tag alone may be another installation's, or an earlier attempt's: where the
             # scheduler shows the script, it must be this attempt's.
-            ours = status.name == task.tag and status.script in ("", f"{job_dir}/job.sh")
+            scripts = (f"{job_dir}/job.sh",) if self.SHOWS_SCRIPT else ("", f"{job_dir}/job.sh")
+            ours = status.name == task.tag and status.script in scripts
             if ours and self.STATES.get(status.state) is not TaskState.CANCELLED:
                 return Observation(TaskState.SUBMITTED, native_id=status.native_id, job_dir=job_dir)
         if task.job_dir and exit_doc is not None:
@@ -543,6 +694,46 @@ class BatchDriver(PoolDriver):
             "no job carries its tag after a submission whose "
             "outcome was unknown; submitting it again",
         )
+
+    async def _array_elements(self, placed: Sequence[Task]) -> dict[str, str]:
+        """For tasks whose submission's outcome is unknown: the array element that runs each
+        one's folder (folder: element id). The dispatcher of each array job in the queue is
+        read as the tasks' accounts, and believed only where it lies in an array folder of
+        the pool's job root that the account owns: another account's array job, whatever it
+        names, is never taken for a task's."""
+        scripts: dict[str, list[NativeStatus]] = {}
+        for status in self._last.values():
+            cancelled = self.STATES.get(status.state) is TaskState.CANCELLED
+            folder = status.script.removesuffix("/job.sh")
+            ours = is_array_folder(folder, self.job_root) and array_name(folder) == status.name
+            if ours and not cancelled:
+                scripts.setdefault(status.script, []).append(status)
+        wanted: dict[str, set[str]] = {}
+        for task in placed:
+            account = self._account_or_none(task)
+            if task.job_dir and account:
+                wanted.setdefault(account, set()).add(task.job_dir)
+        found: dict[str, str] = {}
+        for account, folders in sorted(wanted.items()) if scripts else []:
+            texts = await self.transport.read_files(sorted(scripts), account=account)
+            for path, data in texts.items():
+                if not await self._owned(path.removesuffix("/job.sh"), account):
+                    continue
+                table = elements_of(data.decode(errors="replace"))
+                at = {index: folder for folder, index in table.items() if folder in folders}
+                for status in scripts[path]:
+                    _array, _, index = status.native_id.rpartition("_")
+                    if index.isdigit() and int(index) in at:
+                        found[at[int(index)]] = status.native_id
+        return found
+
+    async def _owned(self, folder: str, account: str) -> bool:
+        """Whether the folder is the account's own (not a link, not another's)."""
+        try:
+            await self.transport.private_dir(folder, account=account)
+        except KliqueError:
+            return False
+        return True
 
     def _note_problem(self, status: NativeStatus) -> None:
         """An unreadable record: logged once; the job is left alone until it reads again."""
@@ -556,24 +747,37 @@ class BatchDriver(PoolDriver):
                 status.problem,
             )
 
-    def _note_strangers(self, tasks: Sequence[Task]) -> None:
-        """Jobs with Klique's tag that Klique does not know: reported, never cancelled."""
+    def _note_strangers(self, tasks: Sequence[Task], found: Iterable[str] = ()) -> None:
+        """Jobs with Klique's tag that Klique does not know (`found`: array elements found
+        this cycle for tasks whose submission's outcome was unknown): reported, never
+        cancelled."""
         known = {t.tag for t in tasks}
+        followed = {t.native_id for t in tasks if t.native_id} | set(found)
         self._submitting -= known  # recorded: followed from now on
+        self._submitting_arrays = {
+            name: tags & self._submitting
+            for name, tags in self._submitting_arrays.items()
+            if tags & self._submitting
+        }
         for status in self._last.values():
-            if status.name in known:
+            if status.name in known or status.native_id in followed:
                 self.strangers.discard(status.native_id)
-            elif _TAG.fullmatch(status.name) and status.name not in self._submitting:
-                final = self.STATES.get(status.state, TaskState.RUNNING).final
-                if not final and status.native_id not in self.strangers:
-                    log.warning(
-                        "pool %s: job %s (%s) carries Klique's tag but no task of this "
-                        "pool owns it; leaving it alone",
-                        self.pool.name,
-                        status.native_id,
-                        status.name,
-                    )
-                    self.strangers.add(status.native_id)
+            elif self._stranger(status) and status.native_id not in self.strangers:
+                log.warning(
+                    "pool %s: job %s (%s) carries Klique's tag but no task of this pool owns "
+                    "it; leaving it alone",
+                    self.pool.name,
+                    status.native_id,
+                    status.name,
+                )
+                self.strangers.add(status.native_id)
+
+    def _stranger(self, status: NativeStatus) -> bool:
+        """A live job named as Klique names jobs, not one whose submission is being recorded."""
+        if status.name in self._submitting or status.name in self._submitting_arrays:
+            return False
+        tagged = _TAG.fullmatch(status.name) or ARRAY_NAME.fullmatch(status.name)
+        return bool(tagged) and not self.STATES.get(status.state, TaskState.RUNNING).final
 
     def _from_status(
         self, task: Task, status: NativeStatus, exit_doc: Mapping[str, Any] | None
@@ -821,6 +1025,10 @@ class BatchDriver(PoolDriver):
 def _signalled(doc: Mapping[str, Any]) -> bool:
     """The runner saw only a signal: the scheduler's record says who sent it."""
     return doc.get("outcome") not in (*RUNNER_OUTCOMES, PREEMPTED_MARKER)
+
+
+def _but_runner(files: Mapping[str, tuple[bytes, int]]) -> dict[str, tuple[bytes, int]]:
+    return {name: data for name, data in files.items() if name != "klique-runner.pyz"}
 
 
 def _json_bytes(doc: Mapping[str, Any]) -> bytes:

@@ -94,3 +94,6 @@ class BatchSettings(PoolSettings):
     # booting, or whose execution is suspended by gang scheduling, is not charged).
     charge_phases: list[Literal["configuring", "suspended"]] = []
     submit_concurrency: int = Field(8, ge=1, le=64)  # submissions in flight at once
+    # A sweep's tasks that share every directive go as one array job, where the scheduler
+    # has them (docs/job-arrays.md); false: one job each.
+    job_arrays: bool = True

@@ -77,7 +77,8 @@ log = logging.getLogger("klique.pools")
 _SEP = "|"
 # squeue(1) --Format: a field with the suffix "|" and no size is printed whole, then "|". The
 # script comes last (a path may hold "|"); RestartCnt counts Slurm's requeues of the job.
-_SQUEUE_FIELDS = "JobID:|,Name:|,State:|,Reason:|,RestartCnt:|,Command:"
+# JobArrayID is a job's id, or an array element's "ARRAY_INDEX" (with --array, each element a line).
+_SQUEUE_FIELDS = "JobArrayID:|,Name:|,State:|,Reason:|,RestartCnt:|,Command:"
 _SACCT_FORMAT = "JobID,JobName,State,ExitCode"
 # sbatch(1) --export: the job's environment is these (the runner's own) and the SLURM_*
 # variables Slurm sets, never the rest of the submitting account's login environment.
@@ -165,6 +166,12 @@ class SlurmDriver(BatchDriver):
     # SLURM_PROTOCOL_SOCKET_ZERO_BYTES_SENT "Zero Bytes were transmitted or received"): slurmctld
     # may have created the job, so its tag is looked up before the task goes again.
     SUBMIT_UNKNOWN = re.compile(r"Socket timed out|Zero Bytes were transmitted")
+    # sbatch(1) --array: each element's index in SLURM_ARRAY_TASK_ID; squeue and scancel name
+    # an element ARRAYID_INDEX. slurm.conf(5) MaxArraySize (default 1001) bounds the index:
+    # the pool's start reads it.
+    ARRAY_INDEX = "SLURM_ARRAY_TASK_ID"
+    SHOWS_SCRIPT = True  # squeue's Command: the script's path, "(null)" for sbatch --wrap
+    DIRECTIVE = "#SBATCH"
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -196,6 +203,10 @@ class SlurmDriver(BatchDriver):
             private = parse_private_data(done.stdout) if done.returncode == 0 else None
         except KliqueError:
             private = None
+        else:
+            largest = config_value(done.stdout, "MaxArraySize")
+            if largest is not None and largest.isdigit():
+                self.max_array = int(largest)  # indices 0 to MaxArraySize - 1
         mode = status_mode(private, self.pool.settings.get("status_account"), account)
         self._per_account = mode.per_account
         self._mode_known = private is not None
@@ -242,6 +253,9 @@ class SlurmDriver(BatchDriver):
             f"--cpus-per-task={int(profile.cpus)} --kill-on-bad-exit=1"
         )
 
+    def array_directive(self, count: int) -> str:
+        return f"--array=0-{count - 1}"
+
     def submit_argv(self, script: str) -> list[str]:
         return ["sbatch", "--parsable", script]
 
@@ -262,6 +276,7 @@ class SlurmDriver(BatchDriver):
             "--noheader",
             "--all",  # also jobs in hidden partitions and those the account may not use
             "--states=all",
+            "--array",  # an array's elements one a line, each by its own id
             f"--users={','.join(accounts)}",
             f"--Format={_SQUEUE_FIELDS}",
         ]
@@ -339,16 +354,24 @@ def parse_private_data(stdout: str) -> frozenset[str] | None:
     """`scontrol show config`'s `PrivateData = jobs,usage` (or `none`); None when absent.
     slurm.conf(5), "PrivateData": accounts, cloud, events, jobs, nodes, partitions,
     reservations, usage, users."""
+    value = config_value(stdout, "PrivateData")
+    if value is None:
+        return None
+    words = {w.strip().lower() for w in value.split(",") if w.strip()}
+    return frozenset(words - {"none", "(null)"})
+
+
+def config_value(stdout: str, name: str) -> str | None:
+    """One setting's value in `scontrol show config` ("Name = value"); None when absent."""
     for line in stdout.splitlines():
         key, sep, value = line.partition("=")
-        if sep and key.strip() == "PrivateData":
-            words = {w.strip().lower() for w in value.split(",") if w.strip()}
-            return frozenset(words - {"none", "(null)"})
+        if sep and key.strip() == name:
+            return value.strip()
     return None
 
 
 def parse_squeue(stdout: str) -> list[NativeStatus]:
-    """`squeue --Format=JobID:|,Name:|,State:|,Reason:|,RestartCnt:|,Command:` lines (the
+    """`squeue --Format=JobArrayID:|,Name:|,State:|,Reason:|,RestartCnt:|,Command:` lines (the
     script last, as a path may hold '|'; older captures have no restart count, or end at the
     reason); job names are Klique's tags, so never contain '|'."""
     found = []

@@ -133,9 +133,8 @@ class PoolAgent:
         self.snapshot = replace(state, last_good=self.last_good)
         self.looks += 1
         await self._publish()
-        size = max(self.driver.submit_batch, 1)
-        for start in range(0, len(fresh), size):
-            self._start_all(fresh[start : start + size], self._submit)
+        for batch in self.driver.batches(fresh):
+            self._start_all(batch, self._submit)
 
     async def _publish(self) -> None:
         with contextlib.suppress(KliqueError):

@@ -8,6 +8,7 @@ behind any non-zero count); it raises only when the harness itself cannot go on.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import sqlite3
@@ -24,6 +25,7 @@ import httpx
 from conftest import HTTP_TLS, ROOT, Server, free_port, wait_for
 
 from broker.domain import Task, TaskSpec, TaskState
+from broker.pools.arrays import ARRAY_NAME, elements_of
 from broker.store.repository import Store, default_url
 
 SCRIPTS = ROOT / "scripts"
@@ -124,9 +126,14 @@ class Outcome:
 
 @dataclass(frozen=True)
 class SlurmJob:
-    job_id: int
+    job_id: int  # the job's id; an array element's, its array's
     name: str
     state: str
+    index: int | None = None  # an array element's index
+
+    @property
+    def native_id(self) -> str:
+        return str(self.job_id) if self.index is None else f"{self.job_id}_{self.index}"
 
 
 def _run(argv: Sequence[str], timeout: float = 60) -> str:
@@ -136,9 +143,15 @@ def _run(argv: Sequence[str], timeout: float = 60) -> str:
     return done.stdout
 
 
+# A job-completion record (jobcomp/filetxt) of an array element: sacct --completion (Slurm
+# 22.05) cannot read its ArrayJobId and ArrayTaskId, so the harness reads the file itself.
+_ELEMENT_RECORD = re.compile(r"Name=(\S+) JobState=(\S+) .*\bArrayJobId=(\d+) ArrayTaskId=(\d+)")
+
+
 def _queue_and_accounting(since: float) -> list[SlurmJob]:
-    """Every job squeue still shows plus every job the jobcomp file recorded since `since`."""
-    found: dict[int, SlurmJob] = {}
+    """Every job squeue still shows plus every job the jobcomp file recorded since `since`;
+    array elements each by their own ARRAY_INDEX id."""
+    found: dict[str, SlurmJob] = {}
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(since - 120))
     # As a test account: root's `sacct --completion` (Slurm 22.05) opens the job-completion file
     # to append and sets it back to 0644, after which the accounts can no longer read it.
@@ -146,13 +159,22 @@ def _queue_and_accounting(since: float) -> list[SlurmJob]:
     sacct.append("--parsable2")
     for line in _run([*sacct, "--format=JobID,JobName,State", f"--starttime={stamp}"]).split("\n"):
         parts = line.split("|")
-        if len(parts) >= 3 and parts[0].isdigit():
-            found[int(parts[0])] = SlurmJob(int(parts[0]), parts[1], parts[2].split()[0])
-    squeue = ["squeue", "--states=all", "--noheader", "--format=%i|%j|%T"]
+        if len(parts) >= 3 and parts[0].isdigit() and not ARRAY_NAME.fullmatch(parts[1]):
+            found[parts[0]] = SlurmJob(int(parts[0]), parts[1], parts[2].split()[0])
+    record = SLURM_DIR / "log" / "jobcomp.txt"
+    lines = record.read_text(errors="replace").splitlines() if record.exists() else []
+    for line in lines:  # in the order written: an element's last record is its latest
+        match = _ELEMENT_RECORD.search(line)
+        if match and ARRAY_NAME.fullmatch(match[1]):
+            job = SlurmJob(int(match[3]), match[1], match[2], int(match[4]))
+            found[job.native_id] = job
+    squeue = ["squeue", "--states=all", "--noheader", "--array", "--format=%i|%j|%T"]
     for line in _run(squeue).split("\n"):
         parts = line.split("|")
-        if len(parts) == 3 and parts[0].isdigit():
-            found[int(parts[0])] = SlurmJob(int(parts[0]), parts[1], parts[2])
+        array, _, index = parts[0].partition("_")
+        if len(parts) == 3 and array.isdigit() and (not index or index.isdigit()):
+            job = SlurmJob(int(array), parts[1], parts[2], int(index) if index else None)
+            found[job.native_id] = job
     return list(found.values())
 
 
@@ -276,6 +298,15 @@ def seed_task_ids(home: Path) -> int:
     return base + 1
 
 
+@dataclass(frozen=True)
+class Life:
+    """What one crash left: problems, and the tasks PLACED at it with a job and in all."""
+
+    problems: list[str]
+    found: int
+    unknown: int
+
+
 class ChaosRun:
     """A Klique server on the real Slurm pool that the scenario kills and restarts at will."""
 
@@ -396,6 +427,31 @@ class ChaosRun:
             ids.append(task.id)
         return ids
 
+    def life_until(self, point: str) -> Life:
+        """One life of the server, SIGKILLed at `point`; then Slurm's jobs against the store:
+        no task with two jobs, and after a submission, some task left PLACED with its job."""
+        self.launch(point)
+        self.await_crash(point)
+        problems = [f"after {point}: {p}" for p in self.duplicates()]
+        jobs = self.jobs()
+        placed = self.in_state(TaskState.PLACED)
+        found = sum(1 for t in placed if t.tag in jobs)
+        if point.startswith("after_submit") and not found:
+            problems.append(f"{point}: no PLACED task had a job: the window was missed")
+        return Life(problems, found, len(placed))
+
+    def queue_sweep(self, work: Sequence[Work]) -> list[int]:
+        """The same as one sweep per owner (as `klique submit --sweep` makes it)."""
+        ids = []
+        for owner in USERS:
+            mine = [item for item in work if item.owner == owner]
+            items = [(TaskSpec(w.command, "cpu", name=f"chaos {self.name}"), 0.0, {}) for w in mine]
+            _sweep, tasks = self.store.create_queued(items, owner, None, sweep=self.name)
+            for item, task in zip(mine, tasks, strict=True):
+                self.expected[task.id] = item.expect
+                ids.append(task.id)
+        return ids
+
     def submit(self, work: Sequence[Work]) -> list[int]:
         """Tasks submitted through the API as their owners."""
         assert self.server is not None
@@ -431,12 +487,25 @@ class ChaosRun:
         return True
 
     def jobs(self) -> dict[str, list[SlurmJob]]:
-        found = slurm_jobs(self.since_job, self.since)
-        return {
-            name: kept
-            for name, jobs in found.items()
-            if (kept := [j for j in jobs if j.job_id not in self.foreign])
-        }
+        """This run's jobs by the tag of the task each runs: a job's name, or for an array
+        element, the tag of the task whose folder its array's dispatcher names at its index."""
+        found: dict[str, list[SlurmJob]] = {}
+        for name, jobs in slurm_jobs(self.since_job, self.since).items():
+            for job in jobs:
+                if job.job_id not in self.foreign:
+                    found.setdefault(self._tag_of(name, job), []).append(job)
+        return found
+
+    def _tag_of(self, name: str, job: SlurmJob) -> str:
+        if job.index is None or not ARRAY_NAME.fullmatch(name):
+            return name
+        first, token = name.removeprefix("klique-array-").split("-")
+        script = self.job_root / f"klique-{first}-0-{token}" / "job.sh"
+        if not script.exists():
+            return name
+        folders = {n: f for f, n in elements_of(script.read_text()).items()}
+        folder = folders.get(job.index)
+        return "-".join(Path(folder).name.split("-")[:2]) if folder else name
 
     def duplicates(self) -> list[str]:
         """Against Slurm's job list now: no task has two jobs, and every task the store says
@@ -446,7 +515,7 @@ class ChaosRun:
         problems = []
         for task in tasks.values():
             found = jobs.get(task.tag, [])
-            ids = [str(j.job_id) for j in found]
+            ids = [j.native_id for j in found]
             reached = task.state not in (TaskState.QUEUED, TaskState.PLACED)
             if len(found) > 1 or (reached and not found):
                 problems.append(f"task {task.id} ({task.state.value}) has Slurm jobs {ids}")
@@ -471,7 +540,7 @@ class ChaosRun:
             if len(found) > 1:
                 outcome.duplicates += len(found) - 1
                 outcome.problems.append(
-                    f"task {task_id} has {len(found)} Slurm jobs: {[j.job_id for j in found]}"
+                    f"task {task_id} has {len(found)} Slurm jobs: {[j.native_id for j in found]}"
                 )
             seen = (task.state.value, task.exit_code)
             lost = task.state is TaskState.LOST and want.state != "lost"
@@ -479,7 +548,7 @@ class ChaosRun:
                 outcome.lost += 1
                 outcome.problems.append(
                     f"task {task_id} is {task.state.value} ({task.reason!r}) with Slurm jobs "
-                    f"{[(j.job_id, j.state) for j in found]}; expected {want.state}"
+                    f"{[(j.native_id, j.state) for j in found]}; expected {want.state}"
                 )
             elif task.state.value != want.state or (
                 want.exit_code is not None and task.exit_code != want.exit_code
@@ -489,11 +558,11 @@ class ChaosRun:
                     f"task {task_id} ended {seen} ({task.reason!r}); expected "
                     f"{(want.state, want.exit_code)}"
                 )
-            elif task.native_id and task.native_id not in {str(j.job_id) for j in found}:
+            elif task.native_id and task.native_id not in {j.native_id for j in found}:
                 outcome.wrong_final += 1
                 outcome.problems.append(
                     f"task {task_id} records job {task.native_id} but Slurm's job for its tag "
-                    f"is {[j.job_id for j in found]}"
+                    f"is {[j.native_id for j in found]}"
                 )
         ours = set(self.expected) | self.strangers
         for name, found in jobs.items():
@@ -551,17 +620,11 @@ def crash_and_restart(
         lives: list[str] = []
         try:
             for point in points:
-                run.launch(point)
-                run.await_crash(point)
-                problems += [f"after {point}: {p}" for p in run.duplicates()]
-                jobs = run.jobs()
-                placed = run.in_state(TaskState.PLACED)
-                with_job = [t for t in placed if t.tag in jobs]
-                found += len(with_job)
-                resubmitted += len(placed) - len(with_job)
-                lives.append(f"{point}: {_submitted(run)} submitted, {len(placed)} unknown")
-                if point.startswith("after_submit") and not with_job:
-                    problems.append(f"{point}: no PLACED task had a job: the window was missed")
+                life = run.life_until(point)
+                problems += life.problems
+                found += life.found
+                resubmitted += life.unknown - life.found
+                lives.append(f"{point}: {_submitted(run)} submitted, {life.unknown} unknown")
             run.launch()
             if not run.wait_final(300):
                 problems.append("not every task ended within 300 s of the last restart")
@@ -582,6 +645,45 @@ def crash_and_restart(
         f"{resubmitted} without one (to be submitted again)"
     )
     outcome.notes += lives
+    return outcome
+
+
+# Array crash points: after an array's sbatch, with one of its tasks recorded; before a
+# batch is sent, all its tasks begun; after an array's sbatch with half of a wave recorded.
+ARRAY_POINTS = ("after_submit:1", "before_submit:1", "after_submit:12")
+
+
+def array_crash(workdir: Path, tasks: int = 160, points: Sequence[str] = ARRAY_POINTS) -> Outcome:
+    """Sweeps go to Slurm as job arrays (waves of up to 40 tasks, one array per owner) while
+    the server is SIGKILLed at each of `points` and restarted: after every crash no task has
+    two elements, and at the end every task has exactly one, all of them in arrays."""
+    started = time.monotonic()
+    with chaos_run("array-crash", workdir, lost_after="120s", max_queued=40) as run:
+        run.queue_sweep(mixed_work(tasks))
+        problems: list[str] = []
+        adopted = resubmitted = 0
+        try:
+            for point in points:
+                life = run.life_until(point)
+                problems += life.problems
+                adopted += life.found
+                resubmitted += life.unknown - life.found
+            run.launch()
+            if not run.wait_final(300):
+                problems.append("not every task ended within 300 s of the last restart")
+        finally:
+            run.stop()
+        outcome = run.account("array-crash", len(points), started)
+        ids = [str(t.native_id) for t in run.tasks().values()]
+    arrays = {i.partition("_")[0] for i in ids if "_" in i}
+    if len(arrays) < len(points):  # a wave of one owner's tasks may leave one task alone
+        problems.append(f"only {len(arrays)} job arrays for {len(ids)} tasks")
+    outcome.problems += problems
+    outcome.notes.append(
+        f"{len(arrays)} arrays ran {sum('_' in i for i in ids)} of {len(ids)} tasks; PLACED at a "
+        f"crash: {adopted} with an element in Slurm (found by their array's dispatcher), "
+        f"{resubmitted} without one (submitted again)"
+    )
     return outcome
 
 

@@ -16,6 +16,7 @@ import pytest
 from agent_scenarios import agent_crashes, control_plane_crashes, network_cut
 from chaos_scenarios import (
     Outcome,
+    array_crash,
     cluster_min_job_age,
     controller_outage,
     controller_up,
@@ -52,6 +53,13 @@ def cluster(slurm_cluster: Any) -> Iterator[Any]:
 @pytest.mark.slurm
 def test_sigkill_at_many_points_loses_and_doubles_nothing(cluster: Any, tmp_path: Path) -> None:
     check(crash_and_restart(tmp_path))
+
+
+@pytest.mark.slurm
+def test_sigkill_during_job_array_submissions_loses_and_doubles_no_element(
+    cluster: Any, tmp_path: Path
+) -> None:
+    check(array_crash(tmp_path))
 
 
 @pytest.mark.slurm

@@ -64,13 +64,13 @@ def seeded_store(path: Path) -> Store:
 
 def jobs_named(tag: str) -> list[str]:
     """Every job Slurm lists by this name, finished ones included (for MinJobAge, 300 s)."""
-    listed = subprocess.run(
-        ["squeue", "--noheader", "--states=all", f"--name={tag}", "--format=%i"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    return listed.split()
+    return listed_jobs(f"--name={tag}")
+
+
+def listed_jobs(*selection: str) -> list[str]:
+    """The ids of the jobs squeue lists with these options, finished ones included."""
+    argv = ["squeue", "--noheader", "--states=all", *selection, "--format=%i"]
+    return subprocess.run(argv, capture_output=True, text=True, check=True).stdout.split()
 
 
 def test_a_burst_is_submitted_in_few_commands_with_one_job_per_task(

@@ -1,0 +1,104 @@
+"""Job arrays: the tasks of one sweep that share a pool, an account and every scheduler
+directive go to the scheduler as one array job (docs/job-arrays.md).
+
+Each task keeps its own job folder, written as for a job of its own (task.json and its rendered
+job.sh). The array's folder holds the runner once and a dispatcher script: the scheduler
+directives the tasks share, the array's size, and a table from each element's index to its
+task's folder. An element links the runner into its folder and runs that folder's job.sh, so
+it finds its own task.json by its index, and whatever the template does, it does per task.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+import shlex
+from collections.abc import Sequence
+
+# An array job's name: its folder's, marked as an array's (klique-array-<first task>-<hex>).
+ARRAY_NAME = re.compile(r"klique-array-\d+-[0-9a-f]{12}")
+_ARRAY_FOLDER = re.compile(r"klique-\d+-0-[0-9a-f]{12}")
+_ELEMENT = re.compile(r"(\d+)\) dir=(\S+) ;;")
+_JOB_DIR = "{job_dir}"  # where a task's own folder stood in a directive, and its tag
+_TAG = "{tag}"
+
+
+def array_folder(job_root: str, first_task_id: int) -> str:
+    """A new array folder, named as job folders are, with attempt 0 (no task's attempt)."""
+    return f"{job_root.rstrip('/')}/klique-{first_task_id}-0-{secrets.token_hex(6)}"
+
+
+def is_array_folder(path: str, job_root: str) -> bool:
+    """Whether `path` is named as an array folder directly in this job root."""
+    parent, _, name = path.rpartition("/")
+    return parent == job_root.rstrip("/") and bool(_ARRAY_FOLDER.fullmatch(name))
+
+
+def array_name(folder: str) -> str:
+    """The array job's name, from its folder's: one names the other."""
+    _klique, first, _zero, token = folder.rsplit("/", 1)[-1].split("-")
+    return f"klique-array-{first}-{token}"
+
+
+def shared_directives(script: str, prefix: str, job_dir: str, tag: str) -> tuple[str, ...]:
+    """The directive lines of a rendered job script (as the scheduler reads them: those
+    before its first command), with the task's own folder and tag made placeholders: tasks
+    whose lines are then equal can share one array job."""
+    found = []
+    for line in script.splitlines():
+        stripped = line.strip()
+        if stripped and not stripped.startswith("#"):
+            break
+        if stripped.startswith(prefix):
+            found.append(_placeholders(stripped, job_dir, tag))
+    return tuple(found)
+
+
+def _placeholders(line: str, job_dir: str, tag: str) -> str:
+    line = line.replace(job_dir, _JOB_DIR)
+    return re.sub(rf"(?<![\w-]){re.escape(tag)}(?![\w-])", _TAG, line)
+
+
+def dispatcher(
+    directives: Sequence[str],
+    array_directive: str,
+    index_variable: str,
+    folder: str,
+    name: str,
+    elements: Sequence[str],
+) -> str:
+    """The array job's script: the shared directives (placeholders filled with the array's
+    folder and name), the array's own directive, then each element's run in its task's folder.
+    Every path in it is one Klique made (a job root and generated folder names)."""
+    runner = shlex.quote(f"{folder}/klique-runner.pyz")
+    index = f'"${{{index_variable}:-}}"'
+    lines = [
+        "#!/bin/bash",
+        f"# Klique job array {name}: {len(elements)} tasks, each in its own job folder",
+        *(d.replace(_JOB_DIR, folder).replace(_TAG, name) for d in directives),
+        array_directive,
+        "",
+        f"case {index} in",
+        *(f"{i}) dir={shlex.quote(element)} ;;" for i, element in enumerate(elements)),
+        f'*) echo "klique: no task for array index "{index} >&2; exit 1 ;;',
+        "esac",
+        "# The runner once for the array: each element links it into its own folder.",
+        f'ln -f {runner} "$dir/klique-runner.pyz" 2>/dev/null || '
+        f'cp -f {runner} "$dir/klique-runner.pyz" || exit 1',
+        'exec >>"$dir/job.out" 2>&1',
+        'exec "$dir/job.sh"',
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def elements_of(script: str) -> dict[str, int]:
+    """A dispatcher's table: each task's job folder and its element's index."""
+    found = {}
+    for line in script.splitlines():
+        match = _ELEMENT.fullmatch(line.strip())
+        if match:
+            words = shlex.split(match[2])
+            if len(words) == 1:
+                found[words[0]] = int(match[1])
+    return found

@@ -1,0 +1,217 @@
+"""Job arrays: which tasks share one, what is written and submitted for it, what each element
+runs (the dispatcher, run by bash), and how a restarted server finds a task's element."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from test_batch_status import ScriptedTransport
+
+from broker.domain import Task, TaskState
+from broker.pools.arrays import ARRAY_NAME, array_name, dispatcher, elements_of
+from broker.pools.base import Context, Submission
+from broker.pools.slurm import SlurmDriver, parse_squeue
+from broker.preview import sample_task
+from broker.transport import Completed, JobFolder
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "slurm"
+TWO_RESOURCES = """
+resources:
+  small: {profile: {pools: [p], cpus: 1, walltime: 5m}}
+  large: {profile: {pools: [p], cpus: 4, walltime: 5m}}
+pools:
+  p: {kind: slurm, job_root: /jobs, poll_interval: 1s, user_map: {alice: alice, bob: bob}}
+"""
+
+
+class SubmittingTransport(ScriptedTransport):
+    """Writes nothing: records each submit-many call's items, and answers every sbatch with
+    the next job id."""
+
+    def __init__(self) -> None:
+        super().__init__(lambda argv, account: Completed(0, "", ""))
+        self.batches: list[list[JobFolder]] = []
+        self.next_id = 70
+
+    async def write_and_submit_many(
+        self, items: Sequence[JobFolder], *, account: str, timeout: float = 60.0
+    ) -> list[Completed | Any]:
+        self.batches.append(list(items))
+        answers = []
+        for item in items:
+            if item.then:
+                self.next_id += 1
+                answers.append(Completed(0, f"{self.next_id}\n", ""))
+            else:
+                answers.append(Completed(0, "", ""))
+        return answers
+
+
+def driver_for(text: str, tmp_path: Path) -> tuple[SlurmDriver, SubmittingTransport]:
+    from broker.estate import parse_estate
+
+    estate = parse_estate(text)
+    runner = tmp_path / "klique-runner.pyz"
+    runner.write_bytes(b"runner")
+    transport = SubmittingTransport()
+    return SlurmDriver(
+        estate.pools["p"], Context(estate, tmp_path, runner, None), transport
+    ), transport
+
+
+def task(
+    driver: SlurmDriver, task_id: int, resource: str, sweep: int | None, owner: str = "alice"
+) -> Task:
+    base = sample_task(driver.context.estate, resource, owner)
+    spec = replace(base.spec, resource=resource)
+    return replace(
+        base,
+        id=task_id,
+        spec=spec,
+        sweep=sweep,
+        state=TaskState.PLACED,
+        job_dir=driver.new_job_dir(replace(base, id=task_id)),
+    )
+
+
+def test_a_sweeps_tasks_that_share_every_directive_go_as_one_array(tmp_path: Path) -> None:
+    driver, transport = driver_for(TWO_RESOURCES, tmp_path)
+    tasks = [
+        *(task(driver, 10 + n, "small", sweep=1) for n in range(4)),
+        task(driver, 20, "large", sweep=1),  # other directives: a job of its own
+        task(driver, 21, "small", sweep=None),  # no sweep: a job of its own
+        task(driver, 22, "small", sweep=1, owner="bob"),  # another account: its own job
+    ]
+    outcomes = asyncio.run(driver.submit_many([(t, "token") for t in tasks]))
+
+    assert all(isinstance(o, Submission) for o in outcomes), outcomes
+    ids = [o.native_id for o in outcomes if isinstance(o, Submission)]
+    array = ids[0].split("_")[0]
+    assert ids[:4] == [f"{array}_{n}" for n in range(4)]
+    assert all("_" not in i for i in ids[4:]) and len(set(ids)) == len(ids)
+    # The elements' folders: their task.json and job.sh, no runner, nothing submitted.
+    elements = next(b for b in transport.batches if all(not item.then for item in b))
+    assert [item.folder for item in elements] == [t.job_dir for t in tasks[:4]]
+    assert all(set(item.files) == {"task.json", "job.sh"} for item in elements)
+    # The array's folder: the runner once, and the dispatcher, submitted with sbatch.
+    [array_item] = [item for b in transport.batches for item in b if "--array" in _text(item)]
+    assert set(array_item.files) == {"klique-runner.pyz", "job.sh"}
+    assert array_item.then == ["sbatch", "--parsable", f"{array_item.folder}/job.sh"]
+    script = _text(array_item)
+    assert "#SBATCH --array=0-3" in script
+    assert f"#SBATCH --job-name={array_name(array_item.folder)}" in script
+    assert f"#SBATCH --output={array_item.folder}/slurm-%j.out" in script
+    assert f"#SBATCH --comment={array_name(array_item.folder)}" in script
+    assert "#SBATCH --cpus-per-task=1" in script and "=klique-10\n" not in script
+    assert elements_of(script) == {str(t.job_dir): n for n, t in enumerate(tasks[:4])}
+
+
+def test_arrays_turned_off_or_a_lone_task_give_jobs_of_their_own(tmp_path: Path) -> None:
+    text = TWO_RESOURCES.replace("poll_interval: 1s,", "poll_interval: 1s, job_arrays: false,")
+    driver, transport = driver_for(text, tmp_path)
+    tasks = [task(driver, 30 + n, "small", sweep=2) for n in range(3)]
+    outcomes = asyncio.run(driver.submit_many([(t, "token") for t in tasks]))
+    assert [o.native_id for o in outcomes if isinstance(o, Submission)] == ["71", "72", "73"]
+
+    driver, transport = driver_for(TWO_RESOURCES, tmp_path)
+    [outcome] = asyncio.run(driver.submit_many([(task(driver, 40, "small", sweep=3), "t")]))
+    assert isinstance(outcome, Submission) and outcome.native_id == "71"
+
+
+def test_the_agent_gets_each_sweep_whole_and_the_rest_in_batches(tmp_path: Path) -> None:
+    driver, _ = driver_for(TWO_RESOURCES, tmp_path)
+    sweep = [task(driver, n, "small", sweep=5) for n in range(1, 1201)]
+    loose = [task(driver, n, "small", sweep=None) for n in range(2000, 2100)]
+    sizes = [len(b) for b in driver.batches([*sweep, *loose])]
+    assert sizes == [1000, 200, 64, 36]  # MaxArraySize bounds an array; 64 a command
+
+
+def test_the_dispatcher_runs_the_elements_own_folder(tmp_path: Path) -> None:
+    """bash runs the dispatcher as Slurm would for element 1: it links the runner into the
+    element's folder and runs that folder's job.sh, its output in job.out."""
+    array = tmp_path / "klique-5-0-0123456789ab"
+    array.mkdir()
+    (array / "klique-runner.pyz").write_bytes(b"the runner")
+    folders = []
+    for n in range(3):
+        folder = tmp_path / f"klique-{5 + n}-1-00000000000{n}"
+        folder.mkdir()
+        job = folder / "job.sh"
+        job.write_text(f'#!/bin/bash\necho "task {5 + n} in $PWD"; cat klique-runner.pyz\n')
+        job.chmod(0o700)
+        folders.append(str(folder))
+    script = dispatcher(
+        ["#SBATCH --job-name={tag}"],
+        "#SBATCH --array=0-2",
+        "SLURM_ARRAY_TASK_ID",
+        str(array),
+        array_name(str(array)),
+        folders,
+    )
+    assert "#SBATCH --job-name=klique-array-5-0123456789ab" in script
+    env = {**os.environ, "SLURM_ARRAY_TASK_ID": "1"}
+    done = subprocess.run(["bash", "-c", script], cwd=folders[1], env=env, check=False)
+    assert done.returncode == 0
+    assert Path(folders[1], "job.out").read_text() == f"task 6 in {folders[1]}\nthe runner"
+    assert not Path(folders[0], "job.out").exists()
+
+    wrong = subprocess.run(
+        ["bash", "-c", script],
+        env={**env, "SLURM_ARRAY_TASK_ID": "7"},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert wrong.returncode == 1 and "no task for array index 7" in wrong.stderr
+
+
+def test_squeue_lists_each_element_by_its_own_id() -> None:
+    """Captured with `squeue --array --Format=JobArrayID:|,...`: pending elements one a line
+    (without --array, one line for them all), each as ARRAY_INDEX; a plain job by its id."""
+    jobs = {j.native_id: j for j in parse_squeue((DATA / "squeue-array.txt").read_text())}
+    assert ARRAY_NAME.fullmatch(jobs["649_0"].name)
+    assert (jobs["649_2"].state, jobs["649_2"].restarts) == ("PENDING", 1)
+    assert jobs["649_3"].state == "CANCELLED"
+    assert jobs["650"].name == "plain"
+
+
+def test_a_restarted_server_finds_each_task_in_its_array_by_the_dispatcher(tmp_path: Path) -> None:
+    """After a crash between sbatch and the record, a placed task with its folder is found in
+    the array whose dispatcher names that folder, under its element's id."""
+    driver, _ = driver_for(TWO_RESOURCES, tmp_path)
+    tasks = [task(driver, 50 + n, "small", sweep=6) for n in range(3)]
+    folder = "/jobs/klique-50-0-00000000abcd"
+    script = dispatcher(
+        [],
+        "#SBATCH --array=0-2",
+        "SLURM_ARRAY_TASK_ID",
+        folder,
+        array_name(folder),
+        [str(t.job_dir) for t in tasks[::-1]],
+    )
+    listing = "".join(
+        f"81_{n}|{array_name(folder)}|PENDING|None|0|{folder}/job.sh\n" for n in range(3)
+    )
+
+    def answer(argv: list[str], account: str) -> Completed:
+        return Completed(0, listing if argv[0] == "squeue" else "", "")
+
+    transport = ScriptedTransport(answer, {f"{folder}/job.sh": script.encode()})
+    driver.transport = transport
+    driver._next_poll = 0.0
+    news = asyncio.run(driver.poll(tasks))
+    assert {t.id: (news[t.id].state, news[t.id].native_id) for t in tasks} == {
+        50: (TaskState.SUBMITTED, "81_2"),
+        51: (TaskState.SUBMITTED, "81_1"),
+        52: (TaskState.SUBMITTED, "81_0"),
+    }
+
+
+def _text(item: JobFolder) -> str:
+    return item.files["job.sh"][0].decode()
