@@ -113,7 +113,10 @@ def slurm_ends(offset: int, t0: float, name: str | None, ids: set[str] | None) -
     ends = []
     for line in lines:
         fields = dict(part.split("=", 1) for part in line.split() if "=" in part)
-        if (name and fields.get("Name") == name) or (ids and fields.get("JobId") in ids):
+        job = fields.get("JobId")  # an array element: by its ARRAY_INDEX id, as Klique has it
+        if "ArrayTaskId" in fields:
+            job = f"{fields.get('ArrayJobId')}_{fields['ArrayTaskId']}"
+        if (name and fields.get("Name") == name) or (ids and job in ids):
             ends.append(datetime.fromisoformat(fields["EndTime"]).timestamp())
     return round(max(ends) - t0) if ends else None
 
