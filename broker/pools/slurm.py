@@ -175,41 +175,42 @@ class SlurmDriver(BatchDriver):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._mode_known = not self._detect_per_account  # status_per_account set: no detection
+        self._config_read = False
 
     def query_account(self) -> str:
         return str(self.pool.settings.get("status_account") or super().query_account())
 
     async def check(self) -> list[str]:
         problems = await super().check()
-        await self._choose_status_mode()
+        await self._read_config()
         return problems
 
     async def poll(self, tasks: Sequence[Task]) -> dict[int, Observation]:
-        if not self._mode_known:
-            await self._choose_status_mode()
+        if not self._config_read:
+            await self._read_config()
         return await super().poll(tasks)
 
-    async def _choose_status_mode(self) -> None:
-        """Ask slurmctld whether it hides other users' jobs (PrivateData=jobs): then status
-        runs one query per mapped account, unless the pool names a `status_account`."""
-        if self._mode_known:
-            return
+    async def _read_config(self) -> None:
+        """slurmctld's settings (`scontrol show config`, as the query account), until they
+        read: MaxArraySize bounds an array; and unless the pool says how status runs,
+        PrivateData=jobs makes it one query per mapped account (or one as `status_account`)."""
         account = self.query_account()
         try:
             done = await self.transport.run(
                 ["scontrol", "show", "config"], account=account, timeout=30
             )
-            private = parse_private_data(done.stdout) if done.returncode == 0 else None
+            config = done.stdout if done.returncode == 0 else None
         except KliqueError:
-            private = None
-        else:
-            largest = config_value(done.stdout, "MaxArraySize")
-            if largest is not None and largest.isdigit():
-                self.max_array = int(largest)  # indices 0 to MaxArraySize - 1
+            config = None
+        self._config_read = config is not None
+        largest = config_value(config or "", "MaxArraySize")
+        if largest is not None and largest.isdigit():
+            self.max_array = int(largest)  # indices 0 to MaxArraySize - 1
+        if not self._detect_per_account:
+            return  # the pool's status_per_account decides
+        private = parse_private_data(config) if config is not None else None
         mode = status_mode(private, self.pool.settings.get("status_account"), account)
         self._per_account = mode.per_account
-        self._mode_known = private is not None
         self.notes = [mode.note]
         log.info("pool %s: %s", self.pool.name, mode.note)
 

@@ -215,3 +215,19 @@ def test_a_restarted_server_finds_each_task_in_its_array_by_the_dispatcher(tmp_p
 
 def _text(item: JobFolder) -> str:
     return item.files["job.sh"][0].decode()
+
+
+def test_the_clusters_max_array_size_bounds_each_array(tmp_path: Path) -> None:
+    """slurm.conf(5) MaxArraySize, read from `scontrol show config`: the agent hands a sweep
+    over in arrays no larger."""
+    driver, _ = driver_for(TWO_RESOURCES, tmp_path)
+
+    def answer(argv: list[str], account: str) -> Completed:
+        config = "MaxArraySize            = 4\nPrivateData             = none\n"
+        return Completed(0, config if argv[0] == "scontrol" else "", "")
+
+    driver.transport = ScriptedTransport(answer)
+    driver._next_poll = 0.0
+    asyncio.run(driver.poll([]))
+    sweep = [task(driver, n, "small", sweep=8) for n in range(1, 11)]
+    assert [len(b) for b in driver.batches(sweep)] == [4, 4, 2]
