@@ -86,6 +86,10 @@ class _Job:
     folder: JobFolder
 
 
+# An array to submit: the directive lines its tasks share (shared_directives), and its tasks.
+_Array = tuple[tuple[str, ...], list[_Job]]
+
+
 @dataclass(frozen=True)
 class Capacity:
     free_gpus: float = 0.0
@@ -341,8 +345,8 @@ class BatchDriver(PoolDriver):
         self._submitting |= {job.task.tag for job in jobs}
         arrays, singles = self._arrays(jobs)
         outcomes: dict[int, Submission | Exception] = {}
-        for elements in arrays:
-            outcomes.update(await self._submit_array(account, elements))
+        for shared, elements in arrays:
+            outcomes.update(await self._submit_array(account, shared, elements))
         folders = [job.folder for job in singles]
         done = await self.transport.write_and_submit_many(
             folders, account=account, timeout=60 + len(folders)
@@ -394,12 +398,12 @@ class BatchDriver(PoolDriver):
         wanted = self.pool.settings.get("job_arrays") is not False
         return wanted and self.ARRAY_INDEX is not None and self.max_array > 1
 
-    def _arrays(self, jobs: Sequence[_Job]) -> tuple[list[list[_Job]], list[_Job]]:
-        """The tasks of one sweep whose directives agree, as arrays of two or more; the
-        rest, one job each."""
+    def _arrays(self, jobs: Sequence[_Job]) -> tuple[list[_Array], list[_Job]]:
+        """The tasks of one sweep whose directives agree, as arrays of two or more (each with
+        the directives its tasks share); the rest, one job each."""
         if not self._uses_arrays():
             return [], list(jobs)
-        groups: dict[tuple[object, ...], list[_Job]] = {}
+        groups: dict[tuple[int, tuple[str, ...]], list[_Job]] = {}
         singles: list[_Job] = []
         for job in jobs:
             if job.task.sweep is None:
@@ -408,18 +412,18 @@ class BatchDriver(PoolDriver):
             script = job.folder.files["job.sh"][0].decode()
             shared = shared_directives(script, self.DIRECTIVE, job.folder.folder, job.task.tag)
             groups.setdefault((job.task.sweep, shared), []).append(job)
-        arrays: list[list[_Job]] = []
-        for members in groups.values():
+        arrays: list[_Array] = []
+        for (_sweep, shared), members in groups.items():
             for start in range(0, len(members), self.max_array):
                 chunk = members[start : start + self.max_array]
                 if len(chunk) > 1:
-                    arrays.append(chunk)
+                    arrays.append((shared, chunk))
                 else:
                     singles += chunk
         return arrays, singles
 
     async def _submit_array(
-        self, account: str, elements: Sequence[_Job]
+        self, account: str, shared: Sequence[str], elements: Sequence[_Job]
     ) -> dict[int, Submission | Exception]:
         """One array job for these tasks: their folders first (each without the runner), then
         the array's folder (the runner once, and the dispatcher), submitted with one command.
@@ -444,12 +448,7 @@ class BatchDriver(PoolDriver):
         folder = array_folder(self.job_root, first.task.id)
         name = array_name(folder)
         script = dispatcher(
-            shared_directives(
-                first.folder.files["job.sh"][0].decode(),
-                self.DIRECTIVE,
-                first.folder.folder,
-                first.task.tag,
-            ),
+            shared,
             f"{self.DIRECTIVE} {self.array_directive(len(members))}",
             str(self.ARRAY_INDEX),
             folder,
