@@ -22,6 +22,7 @@ from broker.estate import parse_estate
 from broker.pools.base import Context, Observation
 from broker.pools.registry import make_driver
 from broker.scheduler.agent import PoolAgent
+from broker.scheduler.link import Accepted, Attempt
 from broker.scheduler.placement import PoolState
 from broker.scheduler.wire import (
     observation_to_json,
@@ -65,21 +66,32 @@ class HttpLink:
         return str((await self._request("GET", f"/{self.pool}"))["estate"])
 
     async def _call(self, op: str, **fields: Any) -> Any:
-        body = {"calls": [{"op": op, **fields}]}
-        results = await self._request("POST", f"/{self.pool}/calls", body)
-        return results["results"][0]
+        [result] = await self._calls([{"op": op, **fields}])
+        return result
+
+    async def _calls(self, calls: list[dict[str, Any]]) -> list[Any]:
+        """Several reports in one request, applied in order; one result each."""
+        if not calls:
+            return []
+        results = await self._request("POST", f"/{self.pool}/calls", {"calls": calls})
+        return list(results["results"])
 
     async def holding(self, pool: str) -> list[Task]:
         return [task_from_json(t) for t in await self._request("GET", f"/{self.pool}/tasks")]
 
-    async def begin(self, task: Task, job_dir: str, digest: str) -> Task | None:
-        found = await self._call("begin", task_id=task.id, job_dir=job_dir, digest=digest)
-        return None if found is None else task_from_json(found)
+    async def begin(self, attempts: Sequence[Attempt]) -> list[Task | None]:
+        calls = [
+            {"op": "begin", "task_id": a.task.id, "job_dir": a.job_dir, "digest": a.digest}
+            for a in attempts
+        ]
+        return [None if t is None else task_from_json(t) for t in await self._calls(calls)]
 
-    async def submitted(self, task: Task, native_id: str | None, job_dir: str | None) -> bool:
-        return bool(
-            await self._call("submitted", task_id=task.id, native_id=native_id, job_dir=job_dir)
-        )
+    async def submitted(self, accepted: Sequence[Accepted]) -> list[bool]:
+        calls = [
+            {"op": "submitted", "task_id": task.id, "native_id": native_id, "job_dir": job_dir}
+            for task, native_id, job_dir in accepted
+        ]
+        return [bool(kept) for kept in await self._calls(calls)]
 
     async def observed(self, task: Task, seen: Observation) -> None:
         await self._call("observed", task_id=task.id, observation=observation_to_json(seen))

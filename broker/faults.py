@@ -2,9 +2,9 @@
 with SIGKILL the n-th time it reaches `point`. Unset (always, outside tests), it does nothing.
 
 Points: `after_submit` (the pool accepted a job, the store does not know it yet; reached once
-per task of a batch, before its record), `before_submit` (the task is PLACED, nothing was sent;
-reached once per task of a batch, once all of them are begun), `after_poll` (a status query
-answered, nothing was written).
+per task of a batch, before the batch's record), `before_submit` (the task is PLACED, nothing
+was sent; reached once per task of a batch, once all of them are begun), `after_poll` (a status
+query answered, nothing was written).
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ from fastapi import FastAPI
 from broker.api.app import create_app
 from broker.config import write_private
 from broker.domain import Estate
+from broker.mcp.mount import mount_mcp
 from broker.pools.base import Context
 from broker.pools.registry import make_driver
 from broker.scheduler.loop import Scheduler
@@ -83,8 +84,6 @@ def build_app(
             store.close()
 
     app = create_app(scheduler, lifespan=lifespan)
-    from broker.mcp.server import mount_mcp
-
     mount_mcp(app, os.environ.get("KLIQUE_PUBLIC_URL") or api_url)
     return app
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import itertools
 import time
 from collections.abc import Callable
 from typing import Annotated, Any, Literal
@@ -15,10 +16,10 @@ from fastapi import Path as PathParam
 from pydantic import BaseModel, Field
 
 from broker.api.auth import bearer
-from broker.domain import TaskState
+from broker.domain import Task, TaskState
 from broker.errors import NotFound, NotPermitted
 from broker.names import LINE, NAME
-from broker.scheduler.link import HOLDING
+from broker.scheduler.link import HOLDING, Accepted, Attempt
 from broker.scheduler.loop import Scheduler
 from broker.scheduler.wire import (
     observation_from_json,
@@ -140,10 +141,38 @@ def agent_router(scheduler: Scheduler, admin_only: Callable[..., Any]) -> APIRou
         body: AgentCalls,
         pools: list[str] = Depends(agent_pools),  # noqa: B008
     ) -> dict[str, list[Any]]:
-        """The agent's reports, in order; one result each."""
+        """The agent's reports, in order; one result each. A batch's attempts (begin) and
+        accepted jobs (submitted) in a row are recorded together, in one transaction."""
         may_serve(pool, pools)
-        results = [await _apply(pool, call) for call in body.calls]
+        results: list[Any] = []
+        for op, run in itertools.groupby(body.calls, key=lambda call: call.op):
+            calls = list(run)
+            if op in ("begin", "submitted"):
+                results += await _apply_batch(pool, op, calls)
+            else:
+                results += [await _apply(pool, call) for call in calls]
         return {"results": results}
+
+    async def _pool_tasks(pool: str, calls: list[AgentCall]) -> list[Task]:
+        """The calls' tasks, each of which must be in the pool."""
+        ids = [call.task_id for call in calls if call.task_id is not None]
+        if len(ids) < len(calls):
+            raise HTTPException(422, f"{calls[0].op} needs task_id")
+        tasks = await asyncio.to_thread(lambda: [store.get(task_id) for task_id in ids])
+        for task in tasks:
+            if task.pool != pool:
+                raise NotFound(f"no task {task.id} in pool {pool}")
+        return tasks
+
+    async def _apply_batch(pool: str, op: str, calls: list[AgentCall]) -> list[Any]:
+        tasks = await _pool_tasks(pool, calls)
+        pairs = list(zip(tasks, calls, strict=True))
+        if op == "submitted":
+            return await link.submitted([Accepted(t, c.native_id, c.job_dir) for t, c in pairs])
+        if any(call.job_dir is None or call.digest is None for call in calls):
+            raise HTTPException(422, "begin needs job_dir and digest")
+        attempts = [Attempt(t, str(c.job_dir), str(c.digest)) for t, c in pairs]
+        return [None if t is None else task_to_json(t) for t in await link.begin(attempts)]
 
     async def _apply(pool: str, call: AgentCall) -> Any:
         if call.op == "published":
@@ -153,16 +182,7 @@ def agent_router(scheduler: Scheduler, admin_only: Callable[..., Any]) -> APIRou
             remote.strangers = set(call.strangers)
             remote.seen = time.time()
             return None
-        if call.task_id is None:
-            raise HTTPException(422, f"{call.op} needs task_id")
-        task = await asyncio.to_thread(store.get, call.task_id)
-        if task.pool != pool:
-            raise NotFound(f"no task {call.task_id} in pool {pool}")
-        if call.op == "begin":
-            begun = await link.begin(task, str(call.job_dir), str(call.digest))
-            return None if begun is None else task_to_json(begun)
-        if call.op == "submitted":
-            return await link.submitted(task, call.native_id, call.job_dir)
+        [task] = await _pool_tasks(pool, [call])
         if call.op == "observed" and call.observation is not None:
             seen = observation_from_json(call.observation.model_dump())
             await link.observed(task, seen)

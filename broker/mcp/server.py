@@ -13,10 +13,7 @@ Klique's own (`klique token create`) or the single sign-on provider's access tok
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import os
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from typing import Any
 
 import httpx
@@ -26,18 +23,13 @@ from mcp.server.auth.provider import AccessToken
 from mcp.server.auth.settings import AuthSettings
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
-from mcp.server.transport_security import TransportSecuritySettings
 from pydantic import AnyHttpUrl
 
 from broker.api.auth import caller_of, identities_of
 from broker.identity.resolve import Identities
 
-MCP_PATHS = ("/mcp", "/.well-known/oauth-protected-resource")
 _REFUSAL_WAIT_S = 5.0  # submit: how long to watch a new task for a pool's refusal
 FINAL = {"completed", "failed", "cancelled", "timeout", "lost"}
-
-Scope = MutableMapping[str, Any]
-ASGI = Callable[[Scope, Any, Any], Awaitable[None]]
 
 
 class KliqueTokens:
@@ -113,52 +105,6 @@ def register_tools(server: MCPServer, api: Api) -> None:
     from broker.mcp import tools
 
     tools.register(server, api)
-
-
-def mount_mcp(app: FastAPI, public_url: str | None = None) -> None:
-    """Serve /mcp and its metadata on the API's app; its sessions live as long as the app."""
-    public = (public_url or os.environ.get("KLIQUE_PUBLIC_URL") or "").rstrip("/")
-    server = build_mcp(app, public or "http://127.0.0.1:8765")
-    # Bearer tokens are not sent by browsers on their own, so DNS rebinding gains nothing here.
-    starlette = server.streamable_http_app(
-        streamable_http_path="/mcp",
-        transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
-    )
-    app.mount("", _only_mcp(starlette), name="mcp")
-    inner = app.router.lifespan_context
-
-    @contextlib.asynccontextmanager
-    async def lifespan(application: Any) -> AsyncIterator[Any]:
-        async with server.session_manager.run(), inner(application) as state:
-            yield state
-
-    app.router.lifespan_context = lifespan
-
-
-def _only_mcp(starlette: ASGI) -> ASGI:
-    """The MCP app answers its own paths; any other unknown path is the API's JSON 404."""
-
-    async def dispatch(scope: Scope, receive: Any, send: Any) -> None:
-        path = scope.get("path", "")
-        if scope["type"] == "lifespan" or any(
-            path == p or path.startswith(p + "/") for p in MCP_PATHS
-        ):
-            await starlette(scope, receive, send)
-            return
-        if scope["type"] == "websocket":
-            await send({"type": "websocket.close", "code": 1008})
-            return
-        body = b'{"detail":"Not Found"}'
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 404,
-                "headers": [(b"content-type", b"application/json")],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
-
-    return dispatch
 
 
 async def wait_for_refusal(api: Api, task: dict[str, Any]) -> dict[str, Any]:

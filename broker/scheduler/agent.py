@@ -22,7 +22,7 @@ from broker.domain import Task, TaskState
 from broker.errors import KliqueError, SubmitUnknown, TransportError
 from broker.faults import crash_point
 from broker.pools.base import PoolDriver, Submission
-from broker.scheduler.link import ACTIVE, ControlPlane
+from broker.scheduler.link import ACTIVE, Accepted, Attempt, ControlPlane
 from broker.scheduler.placement import PoolState
 from broker.store.repository import token_digest
 
@@ -186,25 +186,43 @@ class PoolAgent:
     async def _submit_now(self, tasks: list[Task]) -> None:
         # A new folder and report token for every attempt, recorded before anything is sent:
         # a crash after this finds the job by its folder, and an old attempt cannot report.
-        begun: list[tuple[Task, str]] = []
-        for task in tasks:
-            token = secrets.token_urlsafe(32)
-            found = await self.link.begin(task, self.driver.new_job_dir(task), token_digest(token))
-            if found is not None:  # else cancelled meanwhile
-                begun.append((found, token))
+        tokens = [secrets.token_urlsafe(32) for _ in tasks]
+        attempts = [
+            Attempt(task, self.driver.new_job_dir(task), token_digest(token))
+            for task, token in zip(tasks, tokens, strict=True)
+        ]
+        found = await self.link.begin(attempts)
+        # A task no longer placed was cancelled meanwhile: nothing is sent for it.
+        begun = [(task, token) for task, token in zip(found, tokens, strict=True) if task]
         for _ in begun:  # counted per task: every task of the batch is begun, none is sent
             crash_point("before_submit")
         if not begun:
             return
         outcomes = await self.driver.submit_many(begun)
+        accepted: list[Accepted] = []
         for (task, _token), outcome in zip(begun, outcomes, strict=True):
+            if isinstance(outcome, Submission):
+                accepted.append(Accepted(task, outcome.native_id, outcome.job_dir))
+                continue
             try:
-                await self._submitted(task, outcome)
+                await self._not_submitted(task, outcome)
             except Exception as exc:  # one task's record: the others are recorded still
                 log.warning("pool %s: task %s: %s", self.name, task.id, _words(exc))
+        for _ in accepted:  # counted per task: the pool has every job, the store none
+            crash_point("after_submit")
+        if not accepted:
+            return
+        recorded = await self.link.submitted(accepted)
+        for (task, native_id, _job_dir), kept in zip(accepted, recorded, strict=True):
+            if kept:
+                continue
+            try:  # cancelled while the pool was accepting it
+                await self.driver.cancel(replace(task, native_id=native_id))
+            except Exception as exc:  # one task's cancel: the others are cancelled still
+                log.warning("pool %s: task %s: %s", self.name, task.id, _words(exc))
 
-    async def _submitted(self, begun: Task, outcome: Submission | Exception) -> None:
-        """Record how one task's submission ended."""
+    async def _not_submitted(self, begun: Task, outcome: Exception) -> None:
+        """Record how one task's submission failed."""
         if isinstance(outcome, SubmitUnknown):
             log.warning("task %s: submission outcome unknown: %s", begun.id, outcome)
             return  # stays placed, with its folder: the next look finds its job or resubmits
@@ -219,11 +237,7 @@ class PoolAgent:
         if isinstance(outcome, KliqueError):  # refused: the pool's words, an unmapped user...
             await self.link.refused(begun, f"refused by pool {self.name}: {outcome}")
             return
-        if isinstance(outcome, Exception):
-            raise outcome  # not the pool's answer (a fault of Klique's): stays placed
-        crash_point("after_submit")
-        if not await self.link.submitted(begun, outcome.native_id, outcome.job_dir):
-            await self.driver.cancel(replace(begun, native_id=outcome.native_id))
+        raise outcome  # not the pool's answer (a fault of Klique's): stays placed
 
     async def _cancel(self, task: Task) -> None:
         await self.driver.cancel(task)

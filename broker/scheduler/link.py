@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from broker.domain import Estate, Task, TaskState, can_transition
 from broker.pools.base import Observation
@@ -20,18 +20,36 @@ ACTIVE = (TaskState.SUBMITTED, TaskState.PENDING, TaskState.RUNNING)
 HOLDING = (TaskState.PLACED, *ACTIVE)
 
 
+class Attempt(NamedTuple):
+    """A submission about to be made: the task, its new job folder, its report token's digest."""
+
+    task: Task
+    job_dir: str
+    digest: str
+
+
+class Accepted(NamedTuple):
+    """The pool took a task's job: its id there, and its folder."""
+
+    task: Task
+    native_id: str | None
+    job_dir: str | None
+
+
 class ControlPlane(Protocol):
     """The calls an agent makes; each returns once the control plane has recorded it."""
 
     async def holding(self, pool: str) -> list[Task]:
         """The pool's tasks: placed (to submit, or to look up), submitted, pending, running."""
 
-    async def begin(self, task: Task, job_dir: str, digest: str) -> Task | None:
-        """About to submit: record the attempt's folder and report-token digest first.
-        None when the task is no longer placed (cancelled meanwhile): submit nothing."""
+    async def begin(self, attempts: Sequence[Attempt]) -> list[Task | None]:
+        """About to submit a batch: record each attempt's folder and report-token digest
+        first, all at once. None for a task no longer placed (cancelled meanwhile): submit
+        nothing for it."""
 
-    async def submitted(self, task: Task, native_id: str | None, job_dir: str | None) -> bool:
-        """The pool accepted it; False when it was cancelled meanwhile (cancel the job)."""
+    async def submitted(self, accepted: Sequence[Accepted]) -> list[bool]:
+        """The pool accepted a batch's jobs, recorded at once; False for a task cancelled
+        meanwhile (cancel its job)."""
 
     async def observed(self, task: Task, seen: Observation) -> None: ...
 
@@ -64,30 +82,28 @@ class StoreLink:
     async def holding(self, pool: str) -> list[Task]:
         return await asyncio.to_thread(self.store.tasks, states=HOLDING, pool=pool)
 
-    async def begin(self, task: Task, job_dir: str, digest: str) -> Task | None:
-        def write() -> Task | None:
-            current = self.store.get(task.id)
-            if current.state is not TaskState.PLACED:
-                return None
-            return self.store.update(task.id, job_dir=job_dir, report_digest=digest)
+    async def begin(self, attempts: Sequence[Attempt]) -> list[Task | None]:
+        fields = {a.task.id: {"job_dir": a.job_dir, "report_digest": a.digest} for a in attempts}
+        placed = [TaskState.PLACED]
+        begun = await asyncio.to_thread(self.store.update_many, fields, placed)
+        found = {task.id: task for task in begun}
+        return [found.get(a.task.id) for a in attempts]
 
-        return await asyncio.to_thread(write)
+    async def submitted(self, accepted: Sequence[Accepted]) -> list[bool]:
+        fields = {a.task.id: {"native_id": a.native_id, "job_dir": a.job_dir} for a in accepted}
 
-    async def submitted(self, task: Task, native_id: str | None, job_dir: str | None) -> bool:
-        done = await asyncio.to_thread(
-            self.store.change_state,
-            task.id,
-            TaskState.SUBMITTED,
-            "",
-            only_from=[TaskState.PLACED],
-            native_id=native_id,
-            job_dir=job_dir,
-        )
-        if done is None:  # cancelled while the pool was accepting it: keep where the job is
-            await asyncio.to_thread(
-                self.store.update, task.id, native_id=native_id, job_dir=job_dir
-            )
-        return done is not None
+        def write() -> set[int]:
+            placed = [TaskState.PLACED]
+            moved = self.store.change_states(fields, TaskState.SUBMITTED, "", placed, fields)
+            done = {task.id for task in moved}
+            # Cancelled while the pool was accepting them: keep where their jobs are.
+            left = {task_id: own for task_id, own in fields.items() if task_id not in done}
+            if left:
+                self.store.update_many(left)
+            return done
+
+        done = await asyncio.to_thread(write)
+        return [a.task.id in done for a in accepted]
 
     async def observed(self, task: Task, seen: Observation) -> None:
         if task.state is TaskState.PLACED:
@@ -115,7 +131,7 @@ class StoreLink:
         if seen.state is TaskState.QUEUED:
             await self.requeue(task, seen.reason, skip=False, only_from=[TaskState.PLACED])
         else:
-            await self.submitted(task, seen.native_id, seen.job_dir)
+            await self.submitted([Accepted(task, seen.native_id, seen.job_dir)])
 
     def _requeues(self, task: Task, seen: Observation) -> bool:
         """Preempted runs go back to the queue: reclaimed by Klique, or by the pool if it says."""

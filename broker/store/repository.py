@@ -409,6 +409,23 @@ class Store(RecordMethods):
             row.updated_at = time.time()
             return _task(row)
 
+    def update_many(
+        self, fields: Mapping[int, dict[str, Any]], only_in: Sequence[TaskState] | None = None
+    ) -> list[Task]:
+        """update for many tasks in one transaction (a batch's attempts), each with its own
+        fields; with `only_in`, only the tasks in one of those states. Returns those changed."""
+        now = time.time()
+        states = None if only_in is None else {s.value for s in only_in}
+        changed: list[Task] = []
+        with self._tx() as session:
+            query = select(TaskRow).where(TaskRow.id.in_(list(fields))).with_for_update()
+            for row in session.scalars(query):
+                if states is None or row.state in states:
+                    _set_fields(row, fields[row.id])
+                    row.updated_at = now
+                    changed.append(_task(row))
+        return changed
+
     def events(self, task_id: int) -> list[dict[str, Any]]:
         query = (
             select(TaskEventRow).where(TaskEventRow.task_id == task_id).order_by(TaskEventRow.id)

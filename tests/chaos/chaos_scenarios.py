@@ -648,9 +648,11 @@ def crash_and_restart(
     return outcome
 
 
-# Array crash points: after an array's sbatch, with one of its tasks recorded; before a
-# batch is sent, all its tasks begun; after an array's sbatch with half of a wave recorded.
-ARRAY_POINTS = ("after_submit:1", "before_submit:1", "after_submit:12")
+# Array crash points: after an array's sbatch, none of its elements recorded (a batch's jobs
+# are recorded in one transaction); before a batch is sent, all its tasks begun; after the
+# sbatch of a wave's second array (the 30th element of the life; a wave is two owners' arrays
+# of about 20 each), the first array's record done or under way.
+ARRAY_POINTS = ("after_submit:1", "before_submit:1", "after_submit:30")
 
 
 def array_crash(workdir: Path, tasks: int = 160, points: Sequence[str] = ARRAY_POINTS) -> Outcome:

@@ -50,6 +50,8 @@ def test_the_protected_resource_metadata_and_the_bearer_token(server):
     with httpx.Client(base_url=server.url) as http:
         metadata = http.get("/.well-known/oauth-protected-resource/mcp").json()
         bare = http.post("/mcp", json={})
+        elsewhere = http.get("/mcpx")  # not MCP's: the API's own JSON 404
+    assert (elsewhere.status_code, elsewhere.json()) == (404, {"detail": "Not Found"})
     assert metadata["resource"] == f"{server.url}/mcp"
     assert metadata["bearer_methods_supported"] == ["header"]
     assert bare.status_code == 401

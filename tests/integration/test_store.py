@@ -1,5 +1,6 @@
 """The store on SQLite and on a real PostgreSQL server (started by scripts/pg-up)."""
 
+import asyncio
 import threading
 import uuid
 
@@ -192,3 +193,32 @@ def test_a_sweep_is_made_in_one_transaction_each_task_from_its_own_item(store):
         (S.CANCELLED, None),
         (S.PLACED, "p2"),
     ]
+
+
+def test_a_batchs_attempts_and_accepted_jobs_are_each_recorded_at_once(store):
+    from broker.estate import parse_estate
+    from broker.scheduler.link import Accepted, Attempt, StoreLink
+
+    estate = "pools: {p: {kind: host}}\nresources: {cpu: {profile: {cpus: 1, pools: [p]}}}"
+    link = StoreLink(store, parse_estate(estate))
+    _sweep, tasks = store.create_queued([(spec(), 0.0, {}) for _ in range(3)], "alice", None)
+    ids = [t.id for t in tasks]
+    placed = store.change_states(ids, S.PLACED, "", [S.QUEUED], {i: {"pool": "p"} for i in ids})
+    first, cancelled, last = sorted(placed, key=lambda t: t.id)
+    store.change_state(cancelled.id, S.CANCELLED, "by its owner")
+    attempts = [Attempt(t, f"/jobs/{t.id}", f"{t.id:064x}") for t in (first, cancelled, last)]
+    begun = asyncio.run(link.begin(attempts))
+    # A cancelled task is not begun: nothing is sent for it, and nothing is written.
+    assert [t and (t.id, t.job_dir) for t in begun] == [
+        (first.id, f"/jobs/{first.id}"),
+        None,
+        (last.id, f"/jobs/{last.id}"),
+    ]
+    assert store.get(cancelled.id).job_dir is None
+    assert store.report_digest(last.id) == f"{last.id:064x}"
+    store.change_state(last.id, S.CANCELLED, "by its owner")  # while the pool accepts it
+    accepted = [Accepted(t, f"9_{n}", f"/jobs/{t.id}") for n, t in enumerate((first, last))]
+    assert asyncio.run(link.submitted(accepted)) == [True, False]
+    now = [store.get(t.id) for t in (first, last)]
+    assert [(t.state, t.native_id) for t in now] == [(S.SUBMITTED, "9_0"), (S.CANCELLED, "9_1")]
+    assert [e["to"] for e in store.events(first.id)] == ["queued", "placed", "submitted"]

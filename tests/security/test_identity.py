@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -45,8 +46,9 @@ def test_a_host_pool_without_a_user_map_runs_nothing_when_the_server_is_root(ser
 
 @pytest.fixture
 def uid0_alias() -> Iterator[str]:
-    """An account that is root under another name."""
-    name = "klqtoor"
+    """An account that is root under another name (new for each test: one an interrupted run
+    left behind does not stand in the way)."""
+    name = f"klqtoor{secrets.token_hex(3)}"
     subprocess.run(
         [
             "useradd",
@@ -65,7 +67,7 @@ def uid0_alias() -> Iterator[str]:
         check=True,
     )
     yield name
-    subprocess.run(["userdel", "-f", name], check=False)
+    subprocess.run(["userdel", "-f", name], check=True)
 
 
 @pytest.mark.parametrize("pool", ["host", SLURM])
