@@ -31,6 +31,8 @@ log = logging.getLogger("klique.agent")
 _MAX_BACKOFF = 16  # times the agent's interval
 STEP_TIMEOUT_S = 120.0  # one look at the pool, however its commands hang
 OPERATION_TIMEOUT_S = 180.0  # one submission, cancel or preemption
+_REST = 1.0  # after a look, the next waits at least this many times its length
+_MOST_REST_S = 2.0  # and never longer than this
 
 
 class PoolAgent:
@@ -68,7 +70,11 @@ class PoolAgent:
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             self._wake.clear()
+            started = time.monotonic()
             await self.step()
+            # Wakes coalesce: a look reads every task the pool holds, so while reports and
+            # placements stream in, looks rest as long as they take rather than run back to back.
+            await asyncio.sleep(min(_REST * (time.monotonic() - started), _MOST_REST_S))
             delay = self.interval_s * self._backoff
             waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self._wake.wait())]
             await asyncio.wait(waits, timeout=delay, return_when=asyncio.FIRST_COMPLETED)
