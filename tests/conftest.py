@@ -249,28 +249,51 @@ class Server:
 def start_server(
     home: Path, estate: Path | None, extra_env: dict[str, str] | None = None
 ) -> Server:
+    """A server on a free port, once it answers as itself: a free port can be taken by another
+    test's server before this one binds it; then this one exits, and starts on another."""
     home.mkdir(parents=True, exist_ok=True)
+    for _attempt in range(3):
+        started = _start_server(home, estate, extra_env)
+        if started is not None:
+            return started
+    raise AssertionError(f"no free port for the server: {(home / 'server.log').read_text()}")
+
+
+def _start_server(
+    home: Path, estate: Path | None, extra_env: dict[str, str] | None
+) -> Server | None:
     port = free_port()
     args = [sys.executable, "-m", "broker", "server", "--port", str(port)]
     if estate is not None:
         args += ["--estate", str(estate)]
     env = {**os.environ, "KLIQUE_HOME": str(home), **(extra_env or {})}
-    log = (home / "server.log").open("ab")
-    process = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+    log_file = home / "server.log"
+    logged = log_file.stat().st_size if log_file.exists() else 0
+    with log_file.open("ab") as log:
+        process = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
     url = f"http://127.0.0.1:{port}"
+    token_file = home / "admin.token"
 
     def up() -> bool:
         if process.poll() is not None:
-            raise AssertionError(f"server exited: {(home / 'server.log').read_text()}")
+            return True
+        if not token_file.exists():
+            return False
+        # Asked with this home's admin token: another server on the port does not know it.
+        headers = {"Authorization": f"Bearer {token_file.read_text().strip()}"}
         try:
-            health = httpx.get(url + "/api/v1/health", timeout=1, verify=HTTP_TLS)
-            return health.status_code == 200
+            answer = httpx.get(url + "/api/v1/whoami", headers=headers, timeout=1, verify=HTTP_TLS)
         except httpx.TransportError:
             return False
+        return answer.status_code == 200
 
     wait_for(up, 60, "the server to answer")
-    token = (home / "admin.token").read_text().strip()
-    return Server(url, home, token, process)
+    if process.poll() is not None:
+        said = log_file.read_bytes()[logged:].decode(errors="replace")
+        if "address already in use" in said.lower():
+            return None
+        raise AssertionError(f"server exited: {said}")
+    return Server(url, home, token_file.read_text().strip(), process)
 
 
 def stop_server(server: Server) -> None:
