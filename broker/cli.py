@@ -81,12 +81,16 @@ def login(token: str | None, sso: bool, ldap_user: str | None, api: str | None) 
         entry: str | dict[str, Any] = (
             sso_login(client) if sso else ldap_login(client, str(ldap_user))
         )
-        token = entry if isinstance(entry, str) else str(entry["access_token"])
     else:
-        token = entry = token or click.prompt("token", hide_input=True)
-    client = Client(api=api, token=token)
+        entry = token or click.prompt("token", hide_input=True)
+    # A sign-on's access token may end before it is checked (a short lifetime, a slow
+    # machine): the check renews it with the refresh token, and the renewed one is kept.
+    if isinstance(entry, str):
+        client = Client(api=api, token=entry)
+    else:
+        client = Client(api=api, sso=entry)
     me = client.get("/whoami")
-    path = save_token(client.api, entry)
+    path = save_token(client.api, client.sso or entry)
     team = f", team {me['team']}" if me.get("team") else ""
     click.echo(f"logged in to {client.api} as {me['user']}{team} (kept in {path})")
 

@@ -84,11 +84,17 @@ class Client:
         token: str | None = None,
         timeout: float = 30.0,
         anonymous: bool = False,
+        sso: dict[str, Any] | None = None,
     ):
-        """`anonymous`: send no token (for the routes that log in)."""
+        """`anonymous`: send no token (for the routes that log in); `sso`: a single sign-on
+        entry of this client's own (a login's, not yet kept), renewed here and never shared."""
         self.api = (api or config.api_url()).rstrip("/")
-        self.token = None if anonymous else token or saved_token(self.api)
-        self.sso = None if self.token or anonymous else saved_sso(self.api)
+        self.own_sso = sso is not None
+        if sso is not None:
+            self.token, self.sso = None, sso
+        else:
+            self.token = None if anonymous else token or saved_token(self.api)
+            self.sso = None if self.token or anonymous else saved_sso(self.api)
         if self.sso is not None:
             self.token = str(self.sso.get("access_token") or "")
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
@@ -120,12 +126,19 @@ class Client:
         """A fresh access token: one that another process renewed meanwhile, or a new one."""
         from broker.identity import device
 
+        if self.own_sso:
+            assert self.sso is not None
+            self._use(device.renew(self.sso))
+            return
         with _renewal_lock():
             entry = saved_sso(self.api) or self.sso
             assert entry is not None
             if _due(entry) or entry.get("access_token") in (refused, None):
                 entry = device.renew(entry)
                 save_token(self.api, entry)
+        self._use(entry)
+
+    def _use(self, entry: dict[str, Any]) -> None:
         self.sso = entry
         self.token = str(entry["access_token"])
         self.http.headers["Authorization"] = f"Bearer {self.token}"

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import stat
 from pathlib import Path
 
 import httpx
 import pytest
+from click.testing import CliRunner
 from app_helpers import call, mcp_session
 from conftest import wait_for
 from identity_helpers import (
@@ -22,7 +24,9 @@ from identity_helpers import (
     sso_login,
 )
 
+from broker.cli import main
 from broker.client import Client
+from broker.identity import device
 
 
 @pytest.fixture
@@ -62,6 +66,38 @@ def test_a_person_logs_in_with_the_device_flow_and_submits_as_themselves(sso) ->
     assert submitted.returncode == 0, submitted.stderr
     task = json.loads(submitted.stdout)
     assert (task["owner"], task["team"]) == ("alice", "vision")
+
+
+def test_a_login_whose_token_ends_before_the_check_keeps_a_renewed_one(sso, monkeypatch) -> None:
+    """A slow machine: the access token ends between the provider's answer and the server's
+    check of it. The login renews it with the refresh token instead of failing."""
+    server, realm, env = sso(token_lifetime=2)
+    password = realm.user("alice", ["cv-lab"])
+    provider_login = device.device_login
+    ended_tokens = []
+
+    def slow_login(oidc, show, **kwargs):
+        def confirm(line: str) -> None:
+            show(line)
+            code = re.search(r"confirm the code (\S+)", line)
+            assert code, line
+            realm.approve(code[1], "alice", password).raise_for_status()
+
+        entry = provider_login(oidc, confirm, **kwargs)
+        ended = lambda: whoami(server, entry["access_token"]).status_code == 401  # noqa: E731
+        wait_for(ended, 30, "the new access token to end")
+        ended_tokens.append(entry["access_token"])
+        return entry
+
+    monkeypatch.setattr(device, "device_login", slow_login)
+    for key in ("KLIQUE_API", "KLIQUE_HOME", "SSL_CERT_FILE"):
+        monkeypatch.setenv(key, env[key])
+    monkeypatch.delenv("KLIQUE_TOKEN", raising=False)
+    done = CliRunner().invoke(main, ["login", "--sso"])
+    assert done.exit_code == 0, done.output
+    assert "as alice, team vision" in done.output
+    assert credentials(env)["access_token"] not in ended_tokens
+    assert klique(env, "ls").returncode == 0
 
 
 def test_expired_access_tokens_are_refused_and_renewed_silently(sso) -> None:
