@@ -85,10 +85,7 @@ def login(token: str | None, sso: bool, ldap_user: str | None, api: str | None) 
         entry = token or click.prompt("token", hide_input=True)
     # A sign-on's access token may end before it is checked (a short lifetime, a slow
     # machine): the check renews it with the refresh token, and the renewed one is kept.
-    if isinstance(entry, str):
-        client = Client(api=api, token=entry)
-    else:
-        client = Client(api=api, sso=entry)
+    client = Client(api=api, token=entry) if isinstance(entry, str) else Client(api=api, sso=entry)
     me = client.get("/whoami")
     path = save_token(client.api, client.sso or entry)
     team = f", team {me['team']}" if me.get("team") else ""

@@ -90,9 +90,9 @@ class Client:
         entry of this client's own (a login's, not yet kept), renewed here and never shared."""
         self.api = (api or config.api_url()).rstrip("/")
         self.own_sso = sso is not None
-        if sso is not None:
-            self.token, self.sso = None, sso
-        else:
+        self.sso: dict[str, Any] | None = sso
+        self.token: str | None = None
+        if sso is None:
             self.token = None if anonymous else token or saved_token(self.api)
             self.sso = None if self.token or anonymous else saved_sso(self.api)
         if self.sso is not None:

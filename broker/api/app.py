@@ -235,7 +235,7 @@ def create_app(scheduler: Scheduler, lifespan: Any = None) -> FastAPI:
 
 
 def why_out(scheduler: Scheduler, task: Task) -> WhyOut:
-    reason = scheduler.pending.get(task.id)
+    reason = scheduler.why(task)
     if reason is None:
         return WhyOut(
             id=task.id,

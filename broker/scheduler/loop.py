@@ -29,6 +29,7 @@ from broker.scheduler.placement import (
     place,
 )
 from broker.scheduler.queue import QueueCache
+from broker.scheduler.reasons import pool_queue_reasons
 from broker.store.repository import Store
 
 log = logging.getLogger("klique.scheduler")
@@ -148,6 +149,17 @@ class Scheduler:
         states = {name: agent.state() for name, agent in self.agents.items()}
         states.update({name: pool.snapshot() for name, pool in self.remote.items()})
         return states
+
+    def why(self, task: Task) -> PendingReason | None:
+        """Why a task waits, or None when it does not: the last cycle's reason for a queued
+        task; for one in a pool's queue, the pool's word as it is now (the task may have got
+        there, or its pool may have said more, since that cycle)."""
+        if task.state is TaskState.QUEUED:
+            return self.pending.get(task.id)
+        if task.state not in (TaskState.SUBMITTED, TaskState.PENDING):
+            return None
+        withdrawn = {task.id} if task.intent == "withdraw" else set()
+        return pool_queue_reasons(self.estate, [_active(task, time.time())], withdrawn)[task.id]
 
     def strangers(self, pool: str) -> set[str]:
         if pool in self.remote:

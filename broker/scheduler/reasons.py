@@ -146,7 +146,8 @@ def pool_queue_reasons(
         pool = estate.pools.get(task.pool)
         wait = pool.max_wait_s if pool is not None else None
         if task.id in withdrawn:
-            text = f"waited past max_wait ({wait:g} s); withdrawn to try the next pool"
+            waited = f" ({wait:g} s)" if wait is not None else ""
+            text = f"waited past max_wait{waited}; withdrawn to try the next pool"
         else:
             text = "waiting in its queue" + (
                 f" ({task.native_reason})" if task.native_reason else ""

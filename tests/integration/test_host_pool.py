@@ -9,9 +9,24 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import HOST_ACCESS, TASK_PY, TRUST_CHECKOUTS, shared_folder, submitted_id, wait_for
+from conftest import (
+    HOST_ACCESS,
+    HOST_ESTATE,
+    TASK_PY,
+    TRUST_CHECKOUTS,
+    shared_folder,
+    submitted_id,
+    wait_for,
+)
 
 PY = TASK_PY  # the tasks run as alice, with the system's interpreter
+
+
+@pytest.fixture(scope="module")
+def host_server(module_server_factory):
+    """One server for this module's tests (each start costs seconds): each test waits for
+    its own tasks and looks only at them."""
+    return module_server_factory(HOST_ESTATE)
 
 
 def test_a_task_completes_and_its_output_is_in_the_logs(host_server):
@@ -170,13 +185,15 @@ def test_a_diff_that_does_not_apply_fails_the_task_naming_the_file(host_server, 
 
 
 def test_bad_input_gets_clear_errors(host_server):
+    with host_server.api() as api:
+        before = api.get("/tasks").json()
     unknown = host_server.cli("submit", "--no-code", "--resource", "9-gpu", "--", "true")
     assert unknown.exit_code == 1
     assert "unknown compute resource '9-gpu'" in unknown.output and "cpu" in unknown.output
     bad_token = host_server.cli("ls", token="forged")
     assert bad_token.exit_code == 1 and "refused the token" in bad_token.output
     with host_server.api() as api:
-        assert api.get("/tasks").json() == []  # nothing was recorded for refused submissions
+        assert api.get("/tasks").json() == before  # nothing was recorded for refused submissions
 
 
 def test_an_unreachable_server_is_one_line_and_non_zero(tmp_path):

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from click.testing import CliRunner
 from app_helpers import call, mcp_session
+from click.testing import CliRunner
 from conftest import wait_for
 from identity_helpers import (
     TEAMS_ESTATE,

@@ -118,6 +118,12 @@ def test_an_artifact_over_the_size_limit_is_refused_with_the_limit_and_the_fix(
     assert len(list((store / "sha256").rglob("*"))) == 2  # one folder, one file
 
 
+@pytest.fixture(scope="module")
+def limited(module_server_factory):
+    """One server for the names below: each refused upload must leave its store empty."""
+    return module_server_factory(LIMITED)
+
+
 @pytest.mark.parametrize(
     ("name", "params"),
     [
@@ -133,8 +139,8 @@ def test_an_artifact_over_the_size_limit_is_refused_with_the_limit_and_the_fix(
         ("ok", {"kind": "script"}),
     ],
 )
-def test_artifact_names_that_try_path_traversal_are_refused(server_factory, name, params) -> None:
-    server = server_factory(LIMITED)
+def test_artifact_names_that_try_path_traversal_are_refused(limited, name, params) -> None:
+    server = limited
     with server.api() as api:
         task_id = local_task(api)
         answer = api.put(f"/tasks/{task_id}/artifacts/{name}", content=b"data", params=params)

@@ -6,11 +6,18 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from conftest import HOST_ESTATE
 
 from broker.errors import TemplateError
 from broker.templates import TemplateFile, render, safe_directive
 
 INJECTION = "x\n#SBATCH --array=0-999\n#"
+
+
+@pytest.fixture(scope="module")
+def host_server(module_server_factory):
+    """One server for this module: every submission here is refused, so none records a task."""
+    return module_server_factory(HOST_ESTATE)
 
 
 @pytest.mark.parametrize(

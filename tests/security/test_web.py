@@ -15,7 +15,7 @@ from conftest import FINAL, TASK_PY, wait_for
 
 from broker.web.ui import web_router
 
-from .conftest import Attack, submit
+from .conftest import SERVER_SECRET, Attack, host_estate, submit
 
 XSS = "<script>alert(1)</script><img src=x onerror=alert(2)>"
 
@@ -57,12 +57,19 @@ def post_routes() -> list[str]:
     )
 
 
-@pytest.fixture
-def host(attack_factory) -> Attack:
-    return attack_factory("host")
+@pytest.fixture(scope="module")
+def host(module_server_factory) -> Attack:
+    """One server for this module's attacks (each start costs seconds): each test makes its
+    own tasks, looks only at them, and cancels those that would run on."""
+    server = module_server_factory(host_estate(), AWS_SECRET_ACCESS_KEY=SERVER_SECRET)
+    assert server.job_root is not None
+    alice, bob = server.make_token("alice"), server.make_token("bob")
+    return Attack(server, "host", server.job_root, alice, bob)
 
 
 def test_every_state_changing_route_refuses_a_forged_request(host) -> None:
+    with host.server.api(host.alice) as api:
+        before = [t["id"] for t in api.get("/tasks").json()]
     victim = submit(host, host.alice, "sleep 600", resource="cpu", name="victim")
     client, csrf = signed_in(host, host.alice)
     routes = post_routes()
@@ -84,7 +91,7 @@ def test_every_state_changing_route_refuses_a_forged_request(host) -> None:
         assert client.post(path, json=body, headers={"X-Klique-CSRF": "f" * 64}).status_code == 403
     with host.server.api(host.alice) as api:
         assert api.get(f"/tasks/{victim}").json()["state"] not in FINAL
-        assert [t["id"] for t in api.get("/tasks").json()] == [victim]
+        assert [t["id"] for t in api.get("/tasks").json()] == [victim, *before]
     # With its token, the same request works: the refusals above were the CSRF check.
     done = client.post(f"/tasks/{victim}/cancel", data={"csrf": csrf})
     assert done.status_code == 303
