@@ -43,6 +43,7 @@ def klique_server(
         env = {**os.environ, "KLIQUE_HOME": str(home)}
         with (home / "server.log").open("ab") as log:
             server = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+        (home / "bench-server.pid").write_text(str(server.pid))  # for cpu_seconds()
         url = f"http://127.0.0.1:{port}/api/v1"
         try:
             deadline = time.monotonic() + 60
@@ -85,6 +86,12 @@ pools:
 
 def median(values: list[float]) -> float:
     return round(statistics.median(values), 4)
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user and system) a process has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def last_line(result: dict[str, object]) -> None:

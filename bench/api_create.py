@@ -9,12 +9,17 @@ queue grows.
   the one team's limit is 0, so every task stays queued and each creation still wakes a
   placement cycle over the whole queue.
 
+Where a single create's time goes: the server's CPU time per request, with the same 8 clients,
+for `GET /health` (the HTTP and framework floor), `GET /whoami` (plus finding the caller's
+token) and `POST /tasks`; and the clients' own CPU time per request (they share the machine).
+
 Last line: the figures, and `ratio_100k_to_empty` (create_ms_100k_queued / create_ms_empty).
 """
 
 from __future__ import annotations
 
 import json
+import resource
 import sqlite3
 import statistics
 import time
@@ -22,13 +27,14 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
-from _common import klique_server, last_line
+from _common import cpu_seconds, klique_server, last_line
 
 CLIENTS = 8
 SINGLES = 150  # per client
 BATCHES = 4  # per client
 BATCH = 500
 SAMPLES = 200  # sequential creates for each median
+COST_REQUESTS = 100  # per client, for the CPU time per request
 QUEUED = 100_000
 FILL_BATCH = 5000
 ESTATE = """
@@ -76,6 +82,35 @@ def batch(client: httpx.Client) -> int:
     answer = client.post("/tasks/batch", json={"tasks": [TASK] * BATCH})
     assert answer.status_code == 201, answer.text
     return BATCH
+
+
+def get(path: str) -> object:
+    def send(client: httpx.Client) -> int:
+        answer = client.get(path)
+        assert answer.status_code == 200, answer.text
+        return 1
+
+    return send
+
+
+def own_cpu_s() -> float:
+    used = resource.getrusage(resource.RUSAGE_SELF)
+    return used.ru_utime + used.ru_stime
+
+
+def cpu_per_request(api: httpx.Client, home: Path) -> dict[str, float]:
+    """The server's CPU milliseconds per request of each kind, and the clients' own."""
+    server = int((home / "bench-server.pid").read_text())
+    costs: dict[str, float] = {}
+    clients_s = 0.0
+    for name, send in (("health", get("/health")), ("whoami", get("/whoami")), ("create", single)):
+        server_before, own_before = cpu_seconds(server), own_cpu_s()
+        rate(api, COST_REQUESTS, send)
+        made = CLIENTS * COST_REQUESTS
+        costs[name] = round((cpu_seconds(server) - server_before) / made * 1000, 2)
+        clients_s += own_cpu_s() - own_before
+    costs["clients"] = round(clients_s / (3 * CLIENTS * COST_REQUESTS) * 1000, 2)
+    return costs
 
 
 def median_create_ms(api: httpx.Client) -> float:
@@ -136,6 +171,8 @@ def main() -> None:
         print(f"one create, empty queue      {empty_ms:8.2f} ms (median of {SAMPLES})", flush=True)
         singles = rate(api, SINGLES, single)
         print(f"{CLIENTS} clients, single creates {singles:8.1f} tasks/s", flush=True)
+        costs = cpu_per_request(api, home)
+        print(f"CPU ms per request (server; clients): {costs}", flush=True)
         settle(api)
         some_ms = median_create_ms(api)
         some = queued(home)
@@ -157,6 +194,7 @@ def main() -> None:
             "create_ms_1k_queued": some_ms,
             "create_ms_100k_queued": full_ms,
             "ratio_100k_to_empty": round(full_ms / empty_ms, 2),
+            "cpu_ms_per_request": costs,
             "clients": CLIENTS,
             "batch": BATCH,
         }
