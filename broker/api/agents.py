@@ -158,11 +158,12 @@ def agent_router(scheduler: Scheduler, admin_only: Callable[..., Any]) -> APIRou
         ids = [call.task_id for call in calls if call.task_id is not None]
         if len(ids) < len(calls):
             raise HTTPException(422, f"{calls[0].op} needs task_id")
-        tasks = await asyncio.to_thread(lambda: [store.get(task_id) for task_id in ids])
-        for task in tasks:
-            if task.pool != pool:
-                raise NotFound(f"no task {task.id} in pool {pool}")
-        return tasks
+        found = await asyncio.to_thread(store.tasks, ids=ids, pool=pool)
+        in_pool = {task.id: task for task in found}
+        for task_id in ids:
+            if task_id not in in_pool:  # not there, or another pool's: the same answer
+                raise NotFound(f"no task {task_id} in pool {pool}")
+        return [in_pool[task_id] for task_id in ids]
 
     async def _apply_batch(pool: str, op: str, calls: list[AgentCall]) -> list[Any]:
         tasks = await _pool_tasks(pool, calls)

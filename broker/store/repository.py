@@ -281,10 +281,13 @@ class Store(RecordMethods):
         before: int | None = None,
         with_diff: bool = True,
         sweep: int | None = None,
+        ids: Collection[int] | None = None,
     ) -> list[Task]:
         """Tasks in id order (newest first if asked), from `before` down when paging; listings
-        pass with_diff=False so that no stored diff is loaded."""
+        pass with_diff=False so that no stored diff is loaded. `ids`: only these."""
         query = select(TaskRow)
+        if ids is not None:
+            query = query.where(TaskRow.id.in_(list(ids)))
         if before is not None:
             query = query.where(TaskRow.id < before)
         if owner is not None:
@@ -401,13 +404,10 @@ class Store(RecordMethods):
 
     def update(self, task_id: int, **fields: Any) -> Task:
         """Set fields other than the state (native id, job dir, reason)."""
-        with self._tx() as session:
-            row = session.get(TaskRow, task_id, with_for_update=True)
-            if row is None:
-                raise NotFound(f"no task {task_id}")
-            _set_fields(row, fields)
-            row.updated_at = time.time()
-            return _task(row)
+        changed = self.update_many({task_id: fields})
+        if not changed:
+            raise NotFound(f"no task {task_id}")
+        return changed[0]
 
     def update_many(
         self, fields: Mapping[int, dict[str, Any]], only_in: Sequence[TaskState] | None = None
