@@ -61,7 +61,12 @@ def test_a_batch_naming_another_pools_task_is_refused_whole(placed) -> None:
         for op in ("begin", "submitted"):
             refused = agent.post("/agent/pools/a/calls", json=calls(op, ids["a"], ids["b"]))
             assert refused.status_code == 404, refused.text
-            assert f"no task {ids['b']} in pool a" in refused.json()["detail"]
+            assert refused.json()["detail"].startswith(f"no task {ids['b']} in pool a")
+            # A task that does not exist gets the same answer: no oracle of other pools' ids.
+            missing = max(ids.values()) + 1000
+            unknown = agent.post("/agent/pools/a/calls", json=calls(op, ids["a"], missing))
+            assert unknown.status_code == 404, unknown.text
+            assert unknown.json()["detail"].startswith(f"no task {missing} in pool a")
         other = agent.post("/agent/pools/b/calls", json=calls("begin", ids["b"]))
         assert other.status_code == 403 and "does not serve pool 'b'" in other.text
     for task_id in ids.values():  # nothing of the refused batches was recorded
