@@ -47,7 +47,7 @@ def server(server_factory) -> Server:
 
 
 def test_the_protected_resource_metadata_and_the_bearer_token(server):
-    with httpx.Client(base_url=server.url) as http:
+    with httpx.Client(base_url=server.url, timeout=60) as http:
         metadata = http.get("/.well-known/oauth-protected-resource/mcp").json()
         bare = http.post("/mcp", json={})
         elsewhere = http.get("/mcpx")  # not MCP's: the API's own JSON 404
