@@ -61,25 +61,25 @@ def _placeholders(line: str, job_dir: str, tag: str) -> str:
 
 def dispatcher(
     directives: Sequence[str],
-    array_directive: str,
     index_variable: str,
     folder: str,
     name: str,
     elements: Sequence[str],
+    first: int = 0,
 ) -> str:
-    """The array job's script: the shared directives (placeholders filled with the array's
-    folder and name), the array's own directive, then each element's run in its task's folder.
-    Every path in it is one Klique made (a job root and generated folder names)."""
+    """The array job's script: its directives (the shared ones and the array's own, their
+    placeholders filled with the array's folder and name), then each element's run in its
+    task's folder, the first element's index being `first`. Every path in it is one Klique
+    made (a job root and generated folder names)."""
     runner = shlex.quote(f"{folder}/klique-runner.pyz")
     index = f'"${{{index_variable}:-}}"'
     lines = [
         "#!/bin/bash",
         f"# Klique job array {name}: {len(elements)} tasks, each in its own job folder",
         *(d.replace(_JOB_DIR, folder).replace(_TAG, name) for d in directives),
-        array_directive,
         "",
         f"case {index} in",
-        *(f"{i}) dir={shlex.quote(element)} ;;" for i, element in enumerate(elements)),
+        *(f"{i}) dir={shlex.quote(e)} ;;" for i, e in enumerate(elements, start=first)),
         f'*) echo "klique: no task for array index "{index} >&2; exit 1 ;;',
         "esac",
         "# The runner once for the array: each element links it into its own folder.",

@@ -369,16 +369,23 @@ class BatchDriver(PoolDriver):
     # Job arrays, where the scheduler has them (docs/job-arrays.md).
 
     ARRAY_INDEX: ClassVar[str | None] = None  # the variable holding an element's index
+    ARRAY_FIRST: ClassVar[int] = 0  # the first element's index
     DIRECTIVE: ClassVar[str] = ""  # how a directive line starts in a job script ("#SBATCH")
     MAX_ARRAY: ClassVar[int] = 1000  # elements in one array job
 
-    def array_directive(self, count: int) -> str:
-        """The directive line that makes a script an array of `count` elements, from 0."""
+    def array_directives(self, shared: Sequence[str], count: int) -> list[str]:
+        """The array job's directive lines: those its tasks share (with the placeholders of
+        `shared_directives`), and what makes it an array of `count` elements from ARRAY_FIRST."""
         raise NotImplementedError
 
     def element_id(self, array_id: str, index: int) -> str:
         """One element's native id, as the status command lists it and cancel takes it."""
         return f"{array_id}_{index}"
+
+    def element_index(self, native_id: str) -> int | None:
+        """The index in an element's native id (None: not an element's)."""
+        array, _, index = native_id.rpartition("_")
+        return int(index) if array and index.isdigit() else None
 
     def batches(self, tasks: Sequence[Task]) -> list[list[Task]]:
         """Each sweep's new tasks together (up to an array's size), the rest BATCH_ITEMS at a
@@ -448,12 +455,12 @@ class BatchDriver(PoolDriver):
         folder = array_folder(self.job_root, first.task.id)
         name = array_name(folder)
         script = dispatcher(
-            shared,
-            f"{self.DIRECTIVE} {self.array_directive(len(members))}",
+            self.array_directives(shared, len(members)),
             str(self.ARRAY_INDEX),
             folder,
             name,
             [job.folder.folder for job in members],
+            first=self.ARRAY_FIRST,
         )
         files = {
             "klique-runner.pyz": (self._runner_bytes(), 0o600),
@@ -466,7 +473,7 @@ class BatchDriver(PoolDriver):
             [array], account=account, timeout=60 + len(members)
         )
         outcome = self._outcome(folder, answer)
-        for index, job in enumerate(members):
+        for index, job in enumerate(members, start=self.ARRAY_FIRST):
             if isinstance(outcome, Exception):
                 outcomes[job.index] = outcome
             else:
@@ -721,9 +728,9 @@ class BatchDriver(PoolDriver):
                 table = elements_of(data.decode(errors="replace"))
                 at = {index: folder for folder, index in table.items() if folder in folders}
                 for status in scripts[path]:
-                    _array, _, index = status.native_id.rpartition("_")
-                    if index.isdigit() and int(index) in at:
-                        found[at[int(index)]] = status.native_id
+                    index = self.element_index(status.native_id)
+                    if index is not None and index in at:
+                        found[at[index]] = status.native_id
         return found
 
     async def _owned(self, folder: str, account: str) -> bool:

@@ -254,8 +254,8 @@ class SlurmDriver(BatchDriver):
             f"--cpus-per-task={int(profile.cpus)} --kill-on-bad-exit=1"
         )
 
-    def array_directive(self, count: int) -> str:
-        return f"--array=0-{count - 1}"
+    def array_directives(self, shared: Sequence[str], count: int) -> list[str]:
+        return [*shared, f"{self.DIRECTIVE} --array=0-{count - 1}"]
 
     def submit_argv(self, script: str) -> list[str]:
         return ["sbatch", "--parsable", script]

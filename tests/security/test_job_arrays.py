@@ -59,8 +59,7 @@ def array_job(account: str, job_root: Path, first: int, elements: list[str]) -> 
     script = folder / "job.sh"
     name = array_name(str(folder))
     text = dispatcher(
-        [],
-        f"#SBATCH --array=0-{len(elements) - 1}",
+        [f"#SBATCH --array=0-{len(elements) - 1}"],
         "SLURM_ARRAY_TASK_ID",
         str(folder),
         name,

@@ -147,8 +147,7 @@ def test_the_dispatcher_runs_the_elements_own_folder(tmp_path: Path) -> None:
         job.chmod(0o700)
         folders.append(str(folder))
     script = dispatcher(
-        ["#SBATCH --job-name={tag}"],
-        "#SBATCH --array=0-2",
+        ["#SBATCH --job-name={tag}", "#SBATCH --array=0-2"],
         "SLURM_ARRAY_TASK_ID",
         str(array),
         array_name(str(array)),
@@ -188,8 +187,7 @@ def test_a_restarted_server_finds_each_task_in_its_array_by_the_dispatcher(tmp_p
     tasks = [task(driver, 50 + n, "small", sweep=6) for n in range(3)]
     folder = "/jobs/klique-50-0-00000000abcd"
     script = dispatcher(
-        [],
-        "#SBATCH --array=0-2",
+        ["#SBATCH --array=0-2"],
         "SLURM_ARRAY_TASK_ID",
         folder,
         array_name(folder),

@@ -26,7 +26,7 @@ import os
 import signal
 import time
 
-from .state import job_hosts
+from .state import job_hosts, shown_id
 
 KILL_SEQUENCE = {
     ("pbspro", "cancel"): [signal.SIGTERM, signal.SIGKILL],
@@ -62,7 +62,7 @@ def kills_walltime_with_a_code(cfg: dict) -> bool:
 
 
 def full_id(job: dict, cfg: dict) -> str:
-    return str(job["id"]) if job["flavor"] == "lsf" else f"{job['id']}.{cfg['server']}"
+    return shown_id(job) if job["flavor"] == "lsf" else f"{shown_id(job)}.{cfg['server']}"
 
 
 def tmpdir_name(job: dict, cfg: dict) -> str:

@@ -11,6 +11,7 @@ Layout of a state folder ($KLIQUE_SIM_DIR/<flavor>, world-writable):
 from __future__ import annotations
 
 import contextlib
+import copy
 import fcntl
 import json
 import os
@@ -192,6 +193,25 @@ def allocate_id(data: dict) -> int:
     seq = data["next_id"]
     data["next_id"] = seq + 1
     return seq
+
+
+def array_elements(data: dict, job: dict, first: int, last: int) -> list[dict]:
+    """An array job's elements (PBS Professional `qsub -J first-last`, LSF `bsub -J
+    "name[first-last]"`): one record each, a copy of the array's `job` with {"id": the array's
+    id, "index": its own} under "array", and an id of its own taken after the array's, which no
+    command shows (the name of the element's folder under jobs/ and the supervisor's key).
+    The supervisor runs each element as a job; the commands show it by `shown_id`."""
+    return [
+        {**copy.deepcopy(job), "id": allocate_id(data), "array": {"id": job["id"], "index": i}}
+        for i in range(first, last + 1)
+    ]
+
+
+def shown_id(job: dict) -> str:
+    """The job's number as the commands show it: an array element's is its array's number
+    and its index, "1000[3]"."""
+    array = job.get("array")
+    return f"{array['id']}[{array['index']}]" if array else str(job["id"])
 
 
 def purge(sim: Sim, data: dict, now: float) -> None:
