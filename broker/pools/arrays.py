@@ -40,6 +40,15 @@ def array_name(folder: str) -> str:
     return f"klique-array-{first}-{token}"
 
 
+def array_folder_named(job_root: str, name: str) -> str | None:
+    """The array folder in this job root that an array job's name names (None: the name is
+    no array's): where a scheduler shows no script, the name tells where its dispatcher lies."""
+    if not ARRAY_NAME.fullmatch(name):
+        return None
+    _klique, _array, first, token = name.split("-")
+    return f"{job_root.rstrip('/')}/klique-{first}-0-{token}"
+
+
 def shared_directives(script: str, prefix: str, job_dir: str, tag: str) -> tuple[str, ...]:
     """The directive lines of a rendered job script (as the scheduler reads them: those
     before its first command), with the task's own folder and tag made placeholders: tasks

@@ -70,6 +70,7 @@ class NativeStatus:
     script: str = ""  # the submitted script's path, where the status command shows it
     problem: str = ""  # the job's record could not be read: why (it waits for the next cycle)
     restarts: int | None = None  # how often the scheduler requeued it, where it says
+    user: str = ""  # the account that owns the job, where the status command shows it
 
 
 def unreadable(native_id: str, problem: str) -> NativeStatus:
@@ -386,6 +387,11 @@ class BatchDriver(PoolDriver):
         """The index in an element's native id (None: not an element's)."""
         array, _, index = native_id.rpartition("_")
         return int(index) if array and index.isdigit() else None
+
+    def dispatcher_of(self, status: NativeStatus) -> str:
+        """Where the dispatcher of the array job this status shows lies: its script's path
+        ("" where the status command shows none)."""
+        return status.script
 
     def batches(self, tasks: Sequence[Task]) -> list[list[Task]]:
         """Each sweep's new tasks together (up to an array's size), the rest BATCH_ITEMS at a
@@ -710,10 +716,11 @@ class BatchDriver(PoolDriver):
         scripts: dict[str, list[NativeStatus]] = {}
         for status in self._last.values():
             cancelled = self.STATES.get(status.state) is TaskState.CANCELLED
-            folder = status.script.removesuffix("/job.sh")
+            script = self.dispatcher_of(status)
+            folder = script.removesuffix("/job.sh")
             ours = is_array_folder(folder, self.job_root) and array_name(folder) == status.name
             if ours and not cancelled:
-                scripts.setdefault(status.script, []).append(status)
+                scripts.setdefault(script, []).append(status)
         wanted: dict[str, set[str]] = {}
         for task in placed:
             account = self._account_or_none(task)
@@ -728,6 +735,8 @@ class BatchDriver(PoolDriver):
                 table = elements_of(data.decode(errors="replace"))
                 at = {index: folder for folder, index in table.items() if folder in folders}
                 for status in scripts[path]:
+                    if status.user and status.user != account:
+                        continue  # another account's job, named as this one's array
                     index = self.element_index(status.native_id)
                     if index is not None and index in at:
                         found[at[index]] = status.native_id

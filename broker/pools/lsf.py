@@ -1,6 +1,7 @@
 """IBM Spectrum LSF: `bsub < job.sh`, one `bjobs -a -o ... -json` per cycle for the pool's
 accounts (`-o "... delimiter='^'"` text where LSF predates `-json`), bkill. An EXIT is told
-apart by its termination reason; the exit file decides."""
+apart by its termination reason; the exit file decides. A sweep's tasks go as one job array
+(`bsub -J "name[1-N]"`, docs/job-arrays.md)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from markupsafe import Markup
 
 from broker.domain import Profile, Task, TaskState
 from broker.errors import SubmitError, TransportError
+from broker.pools.arrays import array_folder_named
 from broker.pools.batch import BatchDriver, NativeStatus, unreadable
 from broker.pools.registry import PoolKindSpec
 from broker.pools.settings import BatchSettings
@@ -85,8 +87,13 @@ LSF_REASONS: dict[str, str] = {
     "EXIT/TERM_ZOMBIE": "exited while LSF was not available (LSF TERM_ZOMBIE)",
 }
 
-# bjobs -o fields; -json prints each as a string, "" where the table shows "-".
-_FIELDS = "jobid stat user job_name exit_code exit_reason pend_reason suspend_reason"
+# bjobs -o fields; -json prints each as a string, "" where the table shows "-". An array's
+# elements are listed one a line under the array's number (JOBID, without the index unless
+# lsf.conf LSB_BJOBS_DISPLAY_ENH=Y), each with its index (jobindex: 0 outside an array) and
+# named "name[index]" (IBM Spectrum LSF 10.1, bjobs -o; "Job arrays").
+_FIELDS = "jobid jobindex stat user job_name exit_code exit_reason pend_reason suspend_reason"
+# An element's id as bkill takes it and bjobs shows it: "3000[3]" (bkill "job_ID[index]").
+_ELEMENT_ID = re.compile(r"(\d+)\[(\d+)\]")
 # Without -json (LSF before 10.1 Fix Pack 2), the same fields as text, one job a line, split
 # on a character no field of Klique's jobs holds (bjobs -o "... delimiter='c'").
 _DELIMITER = "^"
@@ -126,6 +133,14 @@ class LsfDriver(BatchDriver):
     STATES = LSF_ALL_STATES
     REASONS = LSF_REASONS
     SELF_ENDED = frozenset({"DONE", "EXIT"})  # the job script's own exit or signal
+    # bsub -J "name[1-N]": an array whose elements LSF numbers from 1, each with its index in
+    # LSB_JOBINDEX. lsb.params MAX_JOB_ARRAY_SIZE (default 1000) bounds the largest index, so
+    # an array holds at most 1000 tasks (IBM Spectrum LSF 10.1 Command Reference, bsub -J;
+    # "Passing arguments on the command line").
+    ARRAY_INDEX = "LSB_JOBINDEX"
+    ARRAY_FIRST = 1
+    MAX_ARRAY = 1000
+    DIRECTIVE = "#BSUB"
 
     def directives(self, task: Task, profile: Profile, job_dir: str) -> list[str]:
         settings = self.pool.settings
@@ -148,6 +163,32 @@ class LsfDriver(BatchDriver):
             found.append(f'-gpu "num={gpus}"')
         found += [f"-W {run_limit_minutes(profile.walltime_s)}", f"-o {job_dir}/lsf-%J.out"]
         return found
+
+    def array_directives(self, shared: Sequence[str], count: int) -> list[str]:
+        """The tasks' directives with the array in the job name, `-J "{tag}[1-N]"` (LSF has no
+        option of its own for it), and each output file per element: `%J` is the array's number
+        for every element, `%I` the element's index (IBM Spectrum LSF 10.1, "Job arrays",
+        redirecting standard input and output)."""
+        name = f"{self.DIRECTIVE} -J {{tag}}"
+        array = f'{self.DIRECTIVE} -J "{{tag}}[{self.ARRAY_FIRST}-{self.ARRAY_FIRST + count - 1}]"'
+        found = [array if line == name else _per_element(line) for line in shared]
+        return found if array in found else [array, *found]
+
+    def element_id(self, array_id: str, index: int) -> str:
+        return f"{array_id}[{index}]"
+
+    def element_index(self, native_id: str) -> int | None:
+        match = _ELEMENT_ID.fullmatch(native_id)
+        return int(match[2]) if match else None
+
+    def dispatcher_of(self, status: NativeStatus) -> str:
+        """bsub reads the script on its stdin, so bjobs shows no path to it: an array job's
+        name names its folder in the pool's job root (arrays.array_name), and the dispatcher
+        lies there. Only a record that names its owner counts: the base reads the dispatcher
+        as the task's account, takes only that account's elements, and only where it owns
+        the folder."""
+        folder = array_folder_named(self.job_root, status.name) if status.user else None
+        return f"{folder}/job.sh" if folder else ""
 
     def node_launch(self, profile: Profile) -> Markup:
         """blaunch(1) -z HOSTS: one runner on each of the job's hosts, which LSB_MCPU_HOSTS
@@ -200,6 +241,15 @@ class LsfDriver(BatchDriver):
         return ["bkill", native_id]
 
 
+def _per_element(line: str) -> str:
+    """An output or error file directive (-o/-oo/-e/-eo) named by the job's number, made one
+    per element of an array."""
+    words = line.split(maxsplit=2)
+    if len(words) == 3 and words[1] in ("-o", "-oo", "-e", "-eo") and "%I" not in words[2]:
+        return line.replace("%J", "%J.%I")
+    return line
+
+
 def run_limit_minutes(walltime_s: int) -> int:
     """bsub -W takes whole minutes; a walltime is rounded up so the job is never cut short."""
     return max(1, math.ceil(walltime_s / 60))
@@ -227,13 +277,17 @@ def parse_bjobs_json(stdout: str) -> list[NativeStatus]:
 
 
 def parse_bjobs_text(stdout: str) -> list[NativeStatus]:
-    """`bjobs -o "<_FIELDS> delimiter='^'"`: a header line, then one job a line, "-" for an
-    empty field; a line with the wrong number of fields is unreadable."""
+    """`bjobs -o "<_FIELDS> delimiter='^'"`: a header line that names the fields, then one
+    job a line, "-" for an empty field; a line with the wrong number of fields is
+    unreadable."""
     names = [name.upper() for name in _FIELDS.split()]
     found: list[NativeStatus] = []
     for line in stdout.splitlines():
         values = line.split(_DELIMITER)
-        if not line.strip() or values[0] == "JOBID" or not values[0].strip().isdigit():
+        if values[0] == "JOBID":
+            names = [value.strip() for value in values]
+            continue
+        if not line.strip() or not _ELEMENT_ID.sub(r"\1", values[0].strip()).isdigit():
             continue
         if len(values) != len(names):
             found.append(unreadable(values[0].strip(), f"{len(values)} fields in {line!r}"))
@@ -257,10 +311,19 @@ def _json_object(text: str) -> dict[str, Any] | None:
 
 def _record(record: Mapping[str, Any]) -> NativeStatus:
     """A record without its id cannot be told to anyone (it is dropped), one without STAT is
-    unreadable."""
+    unreadable (an array element's by its element's id)."""
     if not record.get("STAT"):
-        return unreadable(str(record.get("JOBID") or ""), f"no STAT in {record!r}"[:200])
+        native_id, _name = _ids(record)
+        return unreadable(native_id if record.get("JOBID") else "", f"no STAT in {record!r}"[:200])
     return _status(record)
+
+
+def _ids(record: Mapping[str, Any]) -> tuple[str, str]:
+    return _element(
+        str(record.get("JOBID") or ""),
+        str(record.get("JOBINDEX") or ""),
+        str(record.get("JOB_NAME") or ""),
+    )
 
 
 def _status(record: Mapping[str, Any]) -> NativeStatus:
@@ -270,9 +333,21 @@ def _status(record: Mapping[str, Any]) -> NativeStatus:
     if stat == "EXIT":
         stat = _exit_state(str(record.get("EXIT_REASON") or ""), code)
         detail = "" if code is None else f"exit code {code}"
-    return NativeStatus(
-        str(record.get("JOBID", "")), str(record.get("JOB_NAME", "")), stat, detail, code
-    )
+    native_id, name = _ids(record)
+    user = str(record.get("USER") or "")
+    return NativeStatus(native_id, name, stat, detail, code, user=user)
+
+
+def _element(job_id: str, index: str, name: str) -> tuple[str, str]:
+    """An array element's id, "3000[3]" (its array's number and its index; a JOBID that
+    shows the index already is kept), and its array's name without "[3]"; a job outside an
+    array (index 0, or none) keeps its id and name."""
+    match = _ELEMENT_ID.fullmatch(job_id)
+    if match is None and index.isdigit() and int(index) > 0:
+        match = _ELEMENT_ID.fullmatch(f"{job_id}[{int(index)}]")
+    if match is None:
+        return job_id, name
+    return match[0], name.removesuffix(f"[{match[2]}]")
 
 
 def _exit_state(exit_reason: str, code: int | None) -> str:

@@ -12,7 +12,8 @@ from typing import Any, Literal
 from markupsafe import Markup
 
 from broker.domain import Pool, Profile, Task, TaskState
-from broker.errors import SubmitError, TransportError
+from broker.errors import KliqueError, SubmitError, TransportError
+from broker.pools.arrays import array_folder_named
 from broker.pools.base import Context, Observation
 from broker.pools.batch import BatchDriver, NativeStatus, unreadable, walltime_hms
 from broker.pools.pbs_json import job_records
@@ -48,6 +49,8 @@ PBS_ENDINGS: dict[str, TaskState] = {
     "memory": TaskState.FAILED,  # killed by PBS for going over its memory limit
     "limit": TaskState.FAILED,  # killed by PBS for going over a CPU limit
     "exec": TaskState.FAILED,  # PBS could not start or keep the job (other JOB_EXEC_* codes)
+    # A subjob that ended and shows through its array (see `_status`): how is not kept.
+    "ended": TaskState.COMPLETED,
 }
 _FINISHED = ("F", "X", "C")  # PBS Professional F and X, Torque C
 
@@ -93,6 +96,7 @@ _ENDING_REASONS: dict[str, str] = {
     "memory": "went over its memory limit (killed by PBS)",
     "limit": "went over its CPU limit (killed by PBS)",
     "exec": "PBS could not run the job",
+    "ended": "the subjob ended (PBS keeps no record of how without job history)",
 }
 PBS_REASONS: dict[str, str] = {
     "Q": "queued in PBS",
@@ -103,6 +107,12 @@ PBS_REASONS: dict[str, str] = {
 }
 
 _JOB_ID = re.compile(r"\d+(\[\d*\])?(\.[A-Za-z0-9_.-]+)?")
+# PBS Professional job arrays (Reference Guide, qsub(1B) -J; User's Guide, "Job Arrays"): qsub
+# prints the array job's id, `1000[].server`; a subjob is `1000[3].server`.
+_ARRAY_ID = re.compile(r"(\d+)\[\](\.[A-Za-z0-9_.-]+)?")
+_SUBJOB_ID = re.compile(r"(\d+)\[(\d+)\](\.[A-Za-z0-9_.-]+)?")
+_MAX_ARRAY_SIZE = re.compile(r'"max_array_size"\s*:\s*"?(\d+)')
+_DEFAULT_MAX_ARRAY_SIZE = 10000
 _UNKNOWN_JOB = re.compile(r"^qstat: (Unknown Job Id|.* Job has finished, use -x)")
 _ATTRIBUTE = re.compile(r"^(?:    |\t)([A-Za-z_][A-Za-z0-9_.]*) = (.*)$")
 # OpenPBS src/lib/Liblog/pbs_messages.c, PBSE_JOBHISTNOTSET: a status request with -x while
@@ -141,9 +151,13 @@ class PbsDriver(BatchDriver):
     REASONS = PBS_REASONS
     # The job script's own exit or signal: only the exit file tells how the task ended.
     SELF_ENDED = frozenset(
-        f"{code}/{end}" for code in _FINISHED for end in ("completed", "failed", "signal")
+        f"{code}/{end}" for code in _FINISHED for end in ("completed", "failed", "signal", "ended")
     )
     OTHERS_HIDDEN = _OTHERS_HIDDEN
+    # qsub(1B) -J X-Y: each subjob's index in PBS_ARRAY_INDEX. The server's max_array_size
+    # bounds an array: the pool's start reads it (the base's 1000 until it reads).
+    ARRAY_INDEX = "PBS_ARRAY_INDEX"
+    DIRECTIVE = "#PBS"
 
     def __init__(self, pool: Pool, context: Context, transport: Transport | None = None) -> None:
         super().__init__(pool, context, transport)
@@ -153,6 +167,30 @@ class PbsDriver(BatchDriver):
         # it is off, status asks for them (-x); then finished jobs leave and the exit file
         # decides.
         self._keeps_history = self.dialect == "pbspro"
+        self._server_read = False
+
+    async def check(self) -> list[str]:
+        problems = await super().check()
+        await self._read_server()
+        return problems
+
+    async def _read_server(self) -> None:
+        """The server's max_array_size (`qstat -B -f -F json`, pbs_server_attributes(7B);
+        10000 where the server shows none, OpenPBS PBS_MAX_ARRAYJOB_DFLT_SIZE), until it
+        reads. A queue's own max_array_size is not read: the queue refuses a larger array."""
+        if not self._uses_arrays():
+            return
+        try:
+            done = await self.transport.run(
+                ["qstat", "-B", "-f", "-F", "json"], account=self.query_account(), timeout=30
+            )
+        except KliqueError:
+            return
+        if done.returncode != 0:
+            return
+        self._server_read = True
+        found = _MAX_ARRAY_SIZE.search(done.stdout)
+        self.max_array = int(found[1]) if found else _DEFAULT_MAX_ARRAY_SIZE
 
     def directives(self, task: Task, profile: Profile, job_dir: str) -> list[str]:
         settings = self.pool.settings
@@ -186,6 +224,29 @@ class PbsDriver(BatchDriver):
             return Markup("")
         return Markup("pbsdsh -u --" if self.dialect == "torque" else "pbsdsh --")  # noqa: S704
 
+    def _uses_arrays(self) -> bool:
+        return self.dialect == "pbspro" and super()._uses_arrays()  # Torque: a job per task
+
+    def array_directives(self, shared: Sequence[str], count: int) -> list[str]:
+        return [*shared, f"{self.DIRECTIVE} -J {self.ARRAY_FIRST}-{self.ARRAY_FIRST + count - 1}"]
+
+    def element_id(self, array_id: str, index: int) -> str:
+        number, _, server = array_id.partition("[]")
+        return f"{number}[{index}]{server}"
+
+    def element_index(self, native_id: str) -> int | None:
+        match = _SUBJOB_ID.fullmatch(native_id)
+        return int(match[2]) if match else None
+
+    def dispatcher_of(self, status: NativeStatus) -> str:
+        """The script qsub was given (Submit_arguments), else the array folder the array's
+        name names: the base believes it only where the job's owner is the task's account
+        and the account owns that folder."""
+        if status.script or not status.user:
+            return status.script
+        folder = array_folder_named(self.job_root, status.name)
+        return f"{folder}/job.sh" if folder else ""
+
     def submit_argv(self, script: str) -> list[str]:
         return ["qsub", script]
 
@@ -195,11 +256,21 @@ class PbsDriver(BatchDriver):
     async def poll(self, tasks: Sequence[Task]) -> dict[int, Observation]:
         # qstat's long formats cannot be limited to users (PBS Professional's -u switches to the
         # one-line table), so the one query per cycle names the pool's jobs, by account.
+        # A subjob is named by its array job with -t (qstat(1B): "-t: Displays status
+        # information for jobs, job arrays, and subjobs"): one name per array, which every
+        # version accepts, finished subjobs (X) listed while the array is there. A task whose
+        # submission's outcome is unknown has no id: then every job is listed, to find it.
+        if not self._server_read:
+            await self._read_server()
         self._job_ids = {}
+        unknown = any(t.state is TaskState.PLACED for t in tasks)
         for task in sorted(tasks, key=lambda t: t.native_id or ""):
             account = self.pool.user_map.account_for(task.owner)
-            if task.native_id and account:
-                self._job_ids.setdefault(account, []).append(task.native_id)
+            if task.native_id and account and not unknown:
+                named = self._job_ids.setdefault(account, [])
+                job_id = _array_of(task.native_id)
+                if job_id not in named:
+                    named.append(job_id)
         return await super().poll(tasks)
 
     def status_argv(self, accounts: Sequence[str]) -> list[str]:
@@ -208,7 +279,9 @@ class PbsDriver(BatchDriver):
             return ["qstat", "-f", "-1", *job_ids]
         # -x: finished jobs (F) and their Exit_status, kept while job_history_enable is set.
         history = ["-x"] if self._keeps_history else []
-        return ["qstat", *history, "-f", "-F", "json", *job_ids]
+        arrays = any(_ARRAY_ID.fullmatch(j) for j in job_ids)
+        subjobs = ["-t"] if arrays or (not job_ids and self._uses_arrays()) else []
+        return ["qstat", *history, *subjobs, "-f", "-F", "json", *job_ids]
 
     def status_again(self, argv: Sequence[str], done: Completed) -> bool:
         if "-x" not in argv or not _HISTORY_OFF.search(done.stderr):
@@ -231,7 +304,8 @@ class PbsDriver(BatchDriver):
     def parse_status(self, stdout: str) -> list[NativeStatus]:
         if self.dialect == "torque":
             return parse_qstat_text(stdout, TORQUE_EXEC_CODES)
-        return parse_qstat_json(stdout)
+        # An array job's own record (N[]) is no task's: its subjobs are.
+        return [s for s in parse_qstat_json(stdout) if not _ARRAY_ID.fullmatch(s.native_id)]
 
     def ending_note(self, job_dir: str) -> str | None:
         return f"{job_dir}/pbs.out"  # -j oe: the MoM's notes go to the job's output
@@ -241,6 +315,12 @@ class PbsDriver(BatchDriver):
 
     def cancel_argv(self, native_id: str) -> list[str]:
         return ["qdel", native_id]
+
+
+def _array_of(native_id: str) -> str:
+    """A subjob's array job (`1000[3].server` -> `1000[].server`); another id as it is."""
+    match = _SUBJOB_ID.fullmatch(native_id)
+    return f"{match[1]}[]{match[3] or ''}" if match else native_id
 
 
 def parse_qsub(stdout: str) -> str:
@@ -301,14 +381,30 @@ def _status(job_id: str, attrs: Mapping[str, Any], exec_codes: Mapping[int, str]
     state = str(attrs.get("job_state", ""))
     name = str(attrs.get("Job_Name", ""))
     status = _int(attrs.get("Exit_status", attrs.get("exit_status")))
+    script, user = _script(attrs), str(attrs.get("Job_Owner", "")).split("@")[0]
     if state not in _FINISHED:
-        return NativeStatus(job_id, name, state, str(attrs.get("comment", "")))
+        comment = str(attrs.get("comment", ""))
+        return NativeStatus(job_id, name, state, comment, script=script, user=user)
+    if state in ("X", "F") and _SUBJOB_ID.fullmatch(job_id) and "array_index" not in attrs:
+        # A PBS Professional subjob without a job of its own (no job history): OpenPBS
+        # status_subjob (stat_job.c) shows its array's record in state X, the comment
+        # "Subjob finished" and the array's Exit_status (update_sj_parent: 0, 1 or 2 for the
+        # last subjob to end), none of them this subjob's. The exit file tells.
+        return NativeStatus(job_id, name, f"{state}/ended", script=script, user=user)
     overran = _overran(attrs)
     end = ending(status, _int(attrs.get("substate")), exec_codes, overran)
     detail = "no exit status" if status is None else f"exit status {status}"
     if end == "walltime" and overran and status not in exec_codes:
         detail += ", walltime used past its limit"
-    return NativeStatus(job_id, name, f"{state}/{end}", detail, _exit_code(status))
+    code = _exit_code(status)
+    return NativeStatus(job_id, name, f"{state}/{end}", detail, code, script=script, user=user)
+
+
+def _script(attrs: Mapping[str, Any]) -> str:
+    """The script's path where qsub was given nothing else: qstat prints Submit_arguments as
+    the arguments joined by spaces (OpenPBS qstat.c, decode_xml_arg_list_str)."""
+    words = str(attrs.get("Submit_arguments", "")).split()
+    return words[0] if len(words) == 1 and words[0].startswith("/") else ""
 
 
 def ending(

@@ -6,17 +6,17 @@ from __future__ import annotations
 import asyncio
 import os
 import subprocess
-import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from batch_helpers import JOB_PYTHON, start_now, sticky_job_root
+from sweep_helpers import FINAL, ended_as, queue_sweep, run_with, until
 from test_slurm_burst import ESTATE as BURST_ESTATE
 from test_slurm_burst import jobs_named, listed_jobs, seeded_store
 
-from broker.domain import TaskSpec, TaskState
+from broker.domain import TaskState
 from broker.estate import parse_estate
 from broker.pools.base import Context
 from broker.pools.slurm import SlurmDriver
@@ -29,7 +29,6 @@ pytestmark = pytest.mark.slurm
 TASKS = 300
 FAILS, CANCELLED, REQUEUED = 1, TASKS // 2, TASKS - 1  # places in the sweep
 ESTATE = BURST_ESTATE.replace("max_queued: 100", "max_queued: 1000")
-FINAL = {TaskState.COMPLETED, TaskState.FAILED, TaskState.CANCELLED, TaskState.TIMEOUT}
 
 
 @pytest.fixture
@@ -60,29 +59,10 @@ def test_a_sweep_runs_as_one_job_array_with_each_element_its_own_task(
         CANCELLED: ("sleep", "600"),
         REQUEUED: ("sh", "-c", 'test -e "$1" && exit 0; touch "$1"; sleep 600', "-", str(marker)),
     }
-    items = [(TaskSpec(commands.get(n, ("true",)), "cpu"), 0.0, {}) for n in range(TASKS)]
-    _sweep, created = store.create_queued(items, "alice", None, sweep="arrays")
-    ids = [t.id for t in created]
-
-    async def until(done: Callable[[], bool], what: str, running: asyncio.Task[None]) -> None:
-        deadline = time.monotonic() + 300
-        while not done():
-            assert time.monotonic() < deadline, f"{what} did not happen within 300 s"
-            assert not running.done(), running
-            await asyncio.sleep(0.2)
+    ids = queue_sweep(store, TASKS, commands, "arrays")
 
     def in_state(index: int, state: TaskState) -> Callable[[], bool]:
         return lambda: store.get(ids[index]).state is state
-
-    async def scenario(step: Callable[[asyncio.Task[None]], Awaitable[None]]) -> None:
-        stop = asyncio.Event()
-        running = asyncio.create_task(scheduler.run(stop))
-        try:
-            await step(running)
-        finally:
-            stop.set()
-            await running
-            await driver.close()
 
     async def steps(running: asyncio.Task[None]) -> None:
         await until(lambda: all(store.get(i).native_id for i in ids), "every submission", running)
@@ -97,12 +77,8 @@ def test_a_sweep_runs_as_one_job_array_with_each_element_its_own_task(
         ended = lambda: all(store.get(i).state in FINAL for i in ids)  # noqa: E731
         await until(ended, "the end of every task", running)
 
-    asyncio.run(scenario(steps))
-    tasks = [store.get(i) for i in ids]
-    expected = {FAILS: TaskState.FAILED, CANCELLED: TaskState.CANCELLED}
-    wanted = [expected.get(n, TaskState.COMPLETED) for n in range(TASKS)]
-    wrong = [(t.id, t.state, t.reason) for t, w in zip(tasks, wanted, strict=True) if t.state != w]
-    assert not wrong, wrong
+    run_with(scheduler, driver, steps)
+    tasks = ended_as(store, ids, {FAILS: TaskState.FAILED, CANCELLED: TaskState.CANCELLED})
     assert tasks[FAILS].exit_code == 3
 
     # One array job, its elements one per task, each task's own, in the sweep's order.
@@ -124,24 +100,12 @@ def test_a_sweep_runs_as_one_job_array_with_each_element_its_own_task(
 
 def test_arrays_turned_off_give_each_task_its_own_job(tmp_path: Path, job_root: Path) -> None:
     store, driver, scheduler = slurm_scheduler(tmp_path, job_root, "    job_arrays: false\n")
-    items = [(TaskSpec(("true",), "cpu"), 0.0, {}) for _ in range(3)]
-    _sweep, created = store.create_queued(items, "alice", None, sweep="single")
+    ids = queue_sweep(store, 3, {}, "single")
 
-    async def run() -> None:
-        stop = asyncio.Event()
-        running = asyncio.create_task(scheduler.run(stop))
-        deadline = time.monotonic() + 120
-        try:
-            while not all(store.get(t.id).state in FINAL for t in created):
-                assert time.monotonic() < deadline and not running.done()
-                await asyncio.sleep(0.2)
-        finally:
-            stop.set()
-            await running
-            await driver.close()
+    async def steps(running: asyncio.Task[None]) -> None:
+        await until(lambda: all(store.get(i).state in FINAL for i in ids), "every end", running)
 
-    asyncio.run(run())
-    tasks = [store.get(t.id) for t in created]
-    assert [t.state for t in tasks] == [TaskState.COMPLETED] * 3
+    run_with(scheduler, driver, steps)
+    tasks = ended_as(store, ids, {})
     assert all(jobs_named(t.tag) == [t.native_id] for t in tasks)
     store.close()

@@ -4,9 +4,10 @@ runs (the dispatcher, run by bash), and how a restarted server finds a task's el
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from test_batch_status import ScriptedTransport
 from broker.domain import Task, TaskState
 from broker.pools.arrays import ARRAY_NAME, array_name, dispatcher, elements_of
 from broker.pools.base import Context, Submission
+from broker.pools.batch import BatchDriver
 from broker.pools.slurm import SlurmDriver, parse_squeue
 from broker.preview import sample_task
 from broker.transport import Completed, JobFolder
@@ -66,7 +68,7 @@ def driver_for(text: str, tmp_path: Path) -> tuple[SlurmDriver, SubmittingTransp
 
 
 def task(
-    driver: SlurmDriver, task_id: int, resource: str, sweep: int | None, owner: str = "alice"
+    driver: BatchDriver, task_id: int, resource: str, sweep: int | None, owner: str = "alice"
 ) -> Task:
     base = sample_task(driver.context.estate, resource, owner)
     spec = replace(base.spec, resource=resource)
@@ -78,6 +80,33 @@ def task(
         state=TaskState.PLACED,
         job_dir=driver.new_job_dir(replace(base, id=task_id)),
     )
+
+
+def pool_driver(cls: Any, text: str, tmp_path: Path) -> Any:
+    """A driver of class `cls` for pool `p` of the estate `text`."""
+    from broker.estate import parse_estate
+
+    estate = parse_estate(text)
+    runner = tmp_path / "klique-runner.pyz"
+    runner.write_bytes(b"runner")
+    return cls(estate.pools["p"], Context(estate, tmp_path, runner, None))
+
+
+def found_after_restart(
+    driver: Any, tasks: Sequence[Task], status_program: str, listing: str, folder: str, script: str
+) -> tuple[dict[int, tuple[TaskState, str]], ScriptedTransport]:
+    """A restarted server's first look at `tasks` (placed, their submission's outcome
+    unknown): the status command lists `listing` and the array folder's dispatcher reads
+    `script`. What each task was found as, and the transport's record of the commands."""
+
+    def answer(argv: list[str], account: str) -> Completed:
+        return Completed(0, listing if argv[0] == status_program else "", "")
+
+    transport = ScriptedTransport(answer, {f"{folder}/job.sh": script.encode()})
+    driver.transport = transport
+    driver._next_poll = 0.0
+    news = asyncio.run(driver.poll(tasks))
+    return {t.id: (news[t.id].state, str(news[t.id].native_id)) for t in tasks}, transport
 
 
 def test_a_sweeps_tasks_that_share_every_directive_go_as_one_array(tmp_path: Path) -> None:
@@ -197,14 +226,8 @@ def test_a_restarted_server_finds_each_task_in_its_array_by_the_dispatcher(tmp_p
         f"81_{n}|{array_name(folder)}|PENDING|None|0|{folder}/job.sh\n" for n in range(3)
     )
 
-    def answer(argv: list[str], account: str) -> Completed:
-        return Completed(0, listing if argv[0] == "squeue" else "", "")
-
-    transport = ScriptedTransport(answer, {f"{folder}/job.sh": script.encode()})
-    driver.transport = transport
-    driver._next_poll = 0.0
-    news = asyncio.run(driver.poll(tasks))
-    assert {t.id: (news[t.id].state, news[t.id].native_id) for t in tasks} == {
+    found, _ = found_after_restart(driver, tasks, "squeue", listing, folder, script)
+    assert found == {
         50: (TaskState.SUBMITTED, "81_2"),
         51: (TaskState.SUBMITTED, "81_1"),
         52: (TaskState.SUBMITTED, "81_0"),
@@ -229,3 +252,122 @@ def test_the_clusters_max_array_size_bounds_each_array(tmp_path: Path) -> None:
     asyncio.run(driver.poll([]))
     sweep = [task(driver, n, "small", sweep=8) for n in range(1, 11)]
     assert [len(b) for b in driver.batches(sweep)] == [4, 4, 2]
+
+
+LSF_POOL = """
+resources:
+  small: {profile: {pools: [p], cpus: 1, walltime: 5m}}
+pools:
+  p: {kind: lsf, job_root: /jobs, poll_interval: 1s, user_map: {alice: alice, bob: bob}}
+"""
+
+
+def test_a_restarted_server_finds_each_task_in_its_lsf_array_by_the_name(tmp_path: Path) -> None:
+    """bjobs shows no script path (bsub reads it on its stdin): the array's name names its
+    folder in the job root, whose dispatcher places each task at an element `N[i]`, i from 1.
+    Bob's array, named as hers and listed after it, is never taken for her tasks."""
+    from broker.pools.lsf import LsfDriver
+
+    driver = pool_driver(LsfDriver, LSF_POOL, tmp_path)
+    tasks = [task(driver, 50 + n, "small", sweep=6) for n in range(3)]
+    folder = "/jobs/klique-50-0-00000000abcd"
+    name = array_name(folder)
+    script = dispatcher(
+        ['#BSUB -J "{tag}[1-3]"'],
+        "LSB_JOBINDEX",
+        folder,
+        name,
+        [str(t.job_dir) for t in tasks[::-1]],
+        first=1,
+    )
+    records = [
+        {"JOBID": job, "JOBINDEX": str(n), "STAT": "PEND", "USER": user, "JOB_NAME": f"{name}[{n}]"}
+        for job, user in (("81", "alice"), ("90", "bob"))
+        for n in range(1, 4)
+    ]
+    listing = json.dumps({"COMMAND": "bjobs", "JOBS": len(records), "RECORDS": records})
+
+    found, _ = found_after_restart(driver, tasks, "bjobs", listing, folder, script)
+    assert found == {
+        50: (TaskState.SUBMITTED, "81[3]"),
+        51: (TaskState.SUBMITTED, "81[2]"),
+        52: (TaskState.SUBMITTED, "81[1]"),
+    }
+
+
+PBS_POOL = LSF_POOL.replace("kind: lsf", "kind: pbs")
+
+
+def test_a_restarted_server_finds_each_task_in_its_pbs_array_by_the_dispatcher(
+    tmp_path: Path,
+) -> None:
+    """qstat -t shows each subjob `N[i].server` with its array's name and the script qsub was
+    given (Submit_arguments): the dispatcher there places each task at its index. Bob's array,
+    named as hers, claiming her script and listed after it, is never taken for her tasks; then
+    status names her array once, with -t."""
+    from broker.pools.pbs import PbsDriver
+
+    driver = pool_driver(PbsDriver, PBS_POOL, tmp_path)
+    tasks = [task(driver, 50 + n, "small", sweep=6) for n in range(3)]
+    folder = "/jobs/klique-50-0-00000000abcd"
+    name = array_name(folder)
+    script = dispatcher(
+        ["#PBS -N {tag}", "#PBS -J 0-2"],
+        "PBS_ARRAY_INDEX",
+        folder,
+        name,
+        [str(t.job_dir) for t in tasks[::-1]],
+    )
+    jobs = {
+        f"{number}[{n}].pbs01": {
+            "Job_Name": name,
+            "Job_Owner": f"{user}@login01",
+            "job_state": "Q",
+            "Submit_arguments": f"{folder}/job.sh",
+        }
+        for number, user in (("81", "alice"), ("90", "bob"))
+        for n in range(3)
+    }
+    listing = json.dumps({"pbs_server": "pbs01", "Jobs": jobs})
+
+    found, transport = found_after_restart(driver, tasks, "qstat", listing, folder, script)
+    assert found == {
+        50: (TaskState.SUBMITTED, "81[2].pbs01"),
+        51: (TaskState.SUBMITTED, "81[1].pbs01"),
+        52: (TaskState.SUBMITTED, "81[0].pbs01"),
+    }
+    assert [argv for argv, _ in transport.calls if argv[:2] == ["qstat", "-x"]] == [
+        ["qstat", "-x", "-t", "-f", "-F", "json"]  # every job, to find them
+    ]
+
+    adopted = [replace(t, state=found[t.id][0], native_id=found[t.id][1]) for t in tasks]
+    transport.calls.clear()
+    driver._next_poll = 0.0
+    asyncio.run(driver.poll(adopted))
+    assert [argv for argv, _ in transport.calls if argv[:2] == ["qstat", "-x"]] == [
+        ["qstat", "-x", "-t", "-f", "-F", "json", "81[].pbs01"]
+    ]
+
+
+def test_the_pbs_servers_max_array_size_bounds_each_array(tmp_path: Path) -> None:
+    """pbs_server_attributes(7B) max_array_size, read from `qstat -B -f -F json`: the agent
+    hands a sweep over in arrays no larger; 10000 where the server shows none."""
+    from broker.estate import parse_estate
+    from broker.pools.pbs import PbsDriver
+
+    estate = parse_estate(PBS_POOL)
+    context = Context(estate, tmp_path, tmp_path / "klique-runner.pyz", None)
+
+    def server(attributes: dict[str, Any]) -> Callable[[list[str], str], Completed]:
+        shown = json.dumps({"pbs_server": "pbs01", "Server": {"pbs01": attributes}})
+        return lambda argv, account: Completed(0, shown if "-B" in argv else "{}", "")
+
+    sizes = []
+    for attributes in ({"max_array_size": 4}, {"server_state": "Active"}):
+        driver = PbsDriver(estate.pools["p"], context, ScriptedTransport(server(attributes)))
+        assert driver.max_array == 1000  # until the server has answered
+        driver._next_poll = 0.0
+        asyncio.run(driver.poll([]))
+        sweep = [task(driver, n, "small", sweep=8) for n in range(1, 11)]
+        sizes.append([len(b) for b in driver.batches(sweep)])
+    assert sizes == [[4, 4, 2], [10]]

@@ -8,11 +8,13 @@ import pytest
 from broker.domain import TaskState
 from broker.errors import SubmitError, TemplateError, TransportError
 from broker.estate import parse_estate
+from broker.pools.arrays import shared_directives
 from broker.pools.base import Context
 from broker.pools.lsf import (
     LSF_ALL_STATES,
     LsfDriver,
     parse_bjobs_json,
+    parse_bjobs_text,
     parse_bsub,
     run_limit_minutes,
 )
@@ -197,3 +199,63 @@ def test_an_lsf_without_json_is_named_with_the_version_it_needs():
         lsf.status_listed(refused)
     words = str(caught.value)
     assert "10.1 Fix Pack 2" in words and "bjobs_json: false" in words and "'p'" in words
+
+
+ARRAY = "klique-array-81-0123456789ab"
+
+
+@pytest.mark.parametrize("name", ["bjobs_o_json_array.json", "bjobs_o_delimited_array.txt"])
+def test_each_element_of_an_array_is_its_own_job_named_as_the_array(name):
+    """bjobs lists an array's elements one a line under the array's number, with JOBINDEX and
+    the name `<array>[index]`: each becomes `number[index]`, the id bkill takes, named as the
+    array; a job outside an array (index 0) keeps its id and name."""
+    text = (DATA / name).read_text()
+    parse = parse_bjobs_json if name.endswith(".json") else parse_bjobs_text
+    jobs = {s.native_id: s for s in parse(text)}
+    assert seen(jobs.values()) == {
+        "5620[1]": (ARRAY, "RUN", None),
+        "5620[2]": (ARRAY, "EXIT", 3),
+        "5620[3]": (ARRAY, "EXIT/TERM_RUNLIMIT", 140),
+        "5620[4]": (ARRAY, "EXIT/TERM_OWNER", 130),
+        "5620[5]": (ARRAY, "DONE", None),
+        "5620[6]": (ARRAY, "PEND", None),
+        "5621": ("klique-95", "RUN", None),
+        "5622[2]": ("sweep", "PEND", None),  # JOBID with its index (LSB_BJOBS_DISPLAY_ENH=Y)
+    }
+    assert LSF_ALL_STATES[jobs["5620[3]"].state] is TaskState.TIMEOUT
+    assert jobs["5620[6]"].reason == "Not enough job slot(s)"
+    assert (jobs["5620[1]"].user, jobs["5622[2]"].user) == ("alice", "bob")
+
+
+def test_an_older_listing_without_the_index_reads_by_its_header():
+    """The header names the fields: a listing without JOBINDEX still reads, as jobs."""
+    jobs = seen(parse_bjobs_text((DATA / "bjobs_o_delimited.txt").read_text()))
+    assert jobs["5608"] == ("klique-88", "EXIT/TERM_RUNLIMIT", 140)
+    assert len(jobs) == 6
+
+
+def test_an_arrays_directives_name_it_with_its_indices_and_give_each_element_its_output():
+    """bsub -J "name[1-N]" makes the array; %I (the element's index) next to %J (the array's
+    number) gives each element its own LSF output file; elements are N[i] for bkill."""
+    lsf, task = driver(", queue: gpu")
+    job_dir = "/scratch/klique/klique-0-1-000000000000"
+    shared = shared_directives(lsf.render(task, job_dir), "#BSUB", job_dir, task.tag)
+    lines = lsf.array_directives(shared, 30)
+    assert lines[0] == '#BSUB -J "{tag}[1-30]"'
+    assert "#BSUB -Jd {tag}" in lines and "#BSUB -J {tag}" not in lines
+    assert "#BSUB -o {job_dir}/lsf-%J.%I.out" in lines
+    assert [line.replace("%J.%I", "%J") for line in lines[1:]] == [
+        line for line in shared if line != "#BSUB -J {tag}"
+    ]
+    assert (lsf.MAX_ARRAY, lsf.ARRAY_FIRST, lsf.ARRAY_INDEX) == (1000, 1, "LSB_JOBINDEX")
+    assert lsf.element_id("5620", 3) == "5620[3]"
+    assert lsf.cancel_argv("5620[3]") == ["bkill", "5620[3]"]
+    assert [lsf.element_index(i) for i in ("5620[3]", "5620", "5620_3")] == [3, None, None]
+
+
+def test_an_elements_unreadable_record_keeps_the_elements_id():
+    """A record without STAT is unreadable: an element's is kept by the element's id, so its
+    task waits for the next listing instead of being taken for gone."""
+    text = '{"RECORDS": [{"JOBID": "5620", "JOBINDEX": "4", "JOB_NAME": "a[4]", "STAT": ""}]}'
+    [status] = parse_bjobs_json(text)
+    assert (status.native_id, bool(status.problem)) == ("5620[4]", True)

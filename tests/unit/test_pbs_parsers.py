@@ -343,3 +343,67 @@ def test_status_names_the_pools_jobs_and_reads_through_unknown_ids():
     assert pbs.status_listed(Completed(153, "", (TORQUE / "qstat_unknown.stderr").read_text()))
     down = "qstat: cannot connect to server pbs01 (errno=15010)\n"
     assert not pbs.status_listed(Completed(1, json.dumps({"pbs_server": "pbs01"}), down))
+
+
+ARRAY_FOLDER = "/scratch/alice/klique/jobs/klique-60-0-0123456789ab"
+
+
+def test_subjobs_without_job_history_show_their_state_not_the_arrays_exit_status():
+    """qstat -t without job history: an ended subjob shows through its array (X, "Subjob
+    finished", the array's Exit_status 1 though subjob 0 exited 0), so only the exit file can
+    tell how it ended; the array's own record is no task's."""
+    pbs, _ = driver()
+    text = (PBS / "qstat_t_f_F_json_array.json").read_text()
+    jobs = {s.native_id: s for s in parse_qstat_json(text)}
+    assert (jobs["1000[0].pbs01"].state, jobs["1000[0].pbs01"].exit_code) == ("X/ended", None)
+    assert jobs["1000[1].pbs01"].state == "X/ended"
+    assert (jobs["1000[2].pbs01"].state, jobs["1000[3].pbs01"].state) == ("R", "Q")
+    assert {s.name for s in jobs.values()} == {"klique-array-60-0123456789ab"}
+    assert {s.script for s in jobs.values()} == {f"{ARRAY_FOLDER}/job.sh"}
+    assert {s.user for s in jobs.values()} == {"alice"}
+    assert "X/ended" in pbs.SELF_ENDED and PBS_ALL_STATES["X/ended"].final
+    assert sorted(s.native_id for s in pbs.parse_status(text)) == [
+        f"1000[{n}].pbs01" for n in range(4)
+    ]
+
+
+def test_subjobs_with_job_history_show_their_own_exit():
+    history = seen(parse_qstat_json((PBS / "qstat_x_t_f_F_json_array_history.json").read_text()))
+    assert history["1000[0].pbs01"][1:] == ("X/completed", 0)
+    assert history["1000[1].pbs01"][1:] == ("X/failed", 3)
+    finished = (PBS / "qstat_x_t_f_F_json_array_finished.json").read_text()
+    after = seen(parse_qstat_json(finished))
+    assert after["1000[].pbs01"][1] == "F/completed"  # the array's: dropped by the driver
+    assert after["1000[2].pbs01"][1:] == ("X/deleted", 143)  # qdel while it ran (substate 91)
+    assert after["1000[3].pbs01"][1:] == ("X/completed", 0)
+
+
+def test_a_pbs_pro_sweep_is_one_array_named_once_in_status():
+    pbs, _ = driver()
+    assert pbs._uses_arrays() and pbs.ARRAY_INDEX == "PBS_ARRAY_INDEX"
+    shared = ["#PBS -N {tag}", "#PBS -o {job_dir}/pbs.out"]
+    assert pbs.array_directives(shared, 30) == [*shared, "#PBS -J 0-29"]
+    assert pbs.element_id("1000[].pbs01", 3) == "1000[3].pbs01"
+    assert [pbs.element_index(i) for i in ("1000[3].pbs01", "1000[].pbs01", "1000.pbs01")] == [
+        3,
+        None,
+        None,
+    ]
+    assert parse_qsub("1000[].pbs01\n") == "1000[].pbs01"
+    torque, _ = driver(", dialect: torque")
+    assert not torque._uses_arrays()  # Torque's qsub -t is not used: a job per task
+    turned_off, _ = driver(", job_arrays: false")
+    assert not turned_off._uses_arrays()
+
+    pbs._job_ids = {"alice": ["1000[].pbs01", "4325.pbs01"]}
+    assert pbs.status_argv(["alice"]) == [
+        *("qstat", "-x", "-t", "-f", "-F", "json"),
+        *("1000[].pbs01", "4325.pbs01"),
+    ]
+    pbs._job_ids = {}  # a task whose submission's outcome is unknown: every job, subjobs too
+    assert pbs.status_argv(["alice"]) == ["qstat", "-x", "-t", "-f", "-F", "json"]
+    refused = Completed(0, "{}", (PBS / "qstat_x_history_off.stderr").read_text())
+    assert pbs.status_again(["qstat", "-x", "-t", "-f", "-F", "json"], refused)
+    assert pbs.status_argv(["alice"]) == ["qstat", "-t", "-f", "-F", "json"]
+    gone = Completed(153, "{}", "qstat: Unknown Job Id 1000[].pbs01\n")  # an ended array
+    assert pbs.status_listed(gone)

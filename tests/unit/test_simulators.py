@@ -606,3 +606,115 @@ def test_a_kill_reaches_every_process_of_the_job(cluster):
     assert cluster.cancel(job_id).returncode == 0
     cluster.wait_state(job_id, "done")
     wait_for(lambda: not Path(f"/proc/{pid}").exists(), what="the child in its own group to die")
+
+
+@pytest.mark.parametrize("cluster", ["lsf"], indirect=True)
+def test_an_lsf_job_array_runs_each_element_as_a_job_of_its_own(cluster):
+    """bsub -J "name[1-3]": one number for the array, each element its own job with its index
+    in LSB_JOBINDEX and %I, listed as name[i]; bkill "N[i]" ends that element alone."""
+    release = cluster.work / "third.release"
+    body = (
+        'echo "job $LSB_JOBID index $LSB_JOBINDEX"\n'
+        '[ "$LSB_JOBINDEX" = 2 ] && exit 3\n'
+        f'[ "$LSB_JOBINDEX" = 3 ] && while [ ! -e {release} ]; do sleep 0.05; done\n'
+        "exit 0\n"
+    )
+    out = str(cluster.work / "arr.%J.%I.out")
+    done = cluster.run("bsub", "-J", "arr[1-3]", "-o", out, stdin="#!/bin/sh\n" + body)
+    assert done.returncode == 0, done.stderr
+    array = done.stdout.split("<")[1].split(">")[0]
+    cluster.wait_state(f"{array}[1]", "done")
+    assert cluster.wait_state(f"{array}[2]", "done")["exit"] == 3
+    cluster.wait_state(f"{array}[3]", "running")
+    killed = cluster.cancel(f"{array}[3]")
+    assert killed.stdout == f"Job <{array}[3]> is being terminated\n"
+    assert cluster.wait_state(f"{array}[3]", "done")["reason"].startswith("TERM_OWNER")
+    listing = cluster.run("bjobs", "-a", "-o", "jobid jobindex job_name stat", "-json", array)
+    rows = [
+        (r["JOBID"], r["JOBINDEX"], r["JOB_NAME"], r["STAT"])
+        for r in json.loads(listing.stdout)["RECORDS"]
+    ]
+    assert sorted(rows, key=lambda r: r[1]) == [
+        (array, "1", "arr[1]", "DONE"),
+        (array, "2", "arr[2]", "EXIT"),
+        (array, "3", "arr[3]", "EXIT"),
+    ]
+    for index in (1, 2, 3):
+        text = (cluster.work / f"arr.{array}.{index}.out").read_text()
+        assert text.startswith(f"job {array} index {index}\n")
+        assert f"Subject: Job {array}[{index}]: <arr[{index}]>" in text
+
+
+@pytest.mark.parametrize("cluster", ["lsf"], indirect=True)
+def test_lsf_refuses_a_bad_array_and_bkill_of_its_number_ends_every_element(cluster):
+    """An index list that is not start[-end[:step]] of positive integers, or an index above
+    MAX_JOB_ARRAY_SIZE, is refused; `bkill N` ends every unfinished element of array N."""
+    small = {"KLIQUE_SIM_LSF_MAX_JOB_ARRAY_SIZE": "5"}
+    for spec, words in [
+        ("x[0-2]", "Job array index error"),
+        ("x[1-5", "Job array index error"),
+        ("x[3-1]", "Job array index error"),
+        ("x[a]", "Job array index error"),
+        ("x[1-6]", "Job array index too large"),
+    ]:
+        done = cluster.run("bsub", "-J", spec, "true", env=small)
+        assert (done.returncode, done.stderr) == (255, f"{words}. Job not submitted.\n"), spec
+    done = cluster.run("bsub", "-J", "x[1-5:2]", "sleep 60", env=small)
+    assert done.returncode == 0, done.stderr
+    array = done.stdout.split("<")[1].split(">")[0]
+    for index in (1, 3, 5):
+        cluster.wait_state(f"{array}[{index}]", "running")
+    assert cluster.status(f"{array}[2]") is None  # the step leaves 2 out
+    assert cluster.cancel(array).stdout == f"Job <{array}> is being terminated\n"
+    for index in (1, 3, 5):
+        assert cluster.wait_state(f"{array}[{index}]", "done")["reason"].startswith("TERM_OWNER")
+
+
+@pytest.mark.parametrize("cluster", ["pbspro"], indirect=True)
+def test_a_pbs_pro_job_array_without_history_shows_ended_subjobs_until_it_leaves(cluster):
+    """qsub -J 0-2: the array N[] and subjobs N[i], each with PBS_ARRAY_INDEX; without job
+    history an ended subjob shows through its array (X, "Subjob finished", no array_index)
+    while the array is there, qdel of it is refused, and the array leaves once all ended."""
+    cluster.env["KLIQUE_SIM_JOB_HISTORY_ENABLE"] = "false"  # PBS Professional's default
+    release = cluster.work / "arr.release"
+    body = (
+        'echo "$PBS_JOBID $PBS_ARRAY_ID $PBS_ARRAY_INDEX"\n'
+        '[ "$PBS_ARRAY_INDEX" = 1 ] && exit 3\n'
+        f'[ "$PBS_ARRAY_INDEX" = 2 ] && while [ ! -e {release} ]; do sleep 0.05; done\n'
+        "exit 0\n"
+    )
+    out = str(cluster.work / "arr.^array_index^.out")
+    script = cluster.script("arr", body)
+    refused = cluster.run("qsub", "-J", "3-3", str(script))
+    assert refused.returncode == 2 and refused.stderr.startswith("qsub: illegal -J value")
+    done = cluster.run("qsub", "-N", "arr", "-J", "0-2", "-j", "oe", "-o", out, str(script))
+    assert done.returncode == 0, done.stderr
+    array = done.stdout.strip()
+    number, server = array.split("[]")
+
+    def listed() -> dict:
+        shown = cluster.run("qstat", "-t", "-f", "-F", "json", array)
+        return json.loads(shown.stdout).get("Jobs", {}) if shown.returncode == 0 else {}
+
+    def ended_and_running() -> bool:
+        jobs = listed()
+        states = [jobs.get(f"{number}[{i}]{server}", {}).get("job_state") for i in range(3)]
+        return states == ["X", "X", "R"]
+
+    wait_for(ended_and_running, what="subjobs 0 and 1 to end while 2 runs")
+    jobs = listed()
+    assert jobs[array]["job_state"] == "B" and jobs[array]["array_indices_submitted"] == "0-2"
+    ended = jobs[f"{number}[1]{server}"]
+    assert ended["comment"] == "Subjob finished" and "array_index" not in ended
+    assert jobs[f"{number}[2]{server}"]["array_index"] == 2
+    assert Path(cluster.work, "arr.0.out").read_text() == f"{number}[0]{server} {array} 0\n"
+    again = cluster.run("qdel", f"{number}[1]{server}")
+    assert again.returncode == 55
+    assert again.stderr == f"qdel: Request invalid for finished array subjob {number}[1]{server}\n"
+    release.touch()
+
+    def gone() -> bool:
+        shown = cluster.run("qstat", "-t", "-f", "-F", "json", array)
+        return shown.returncode == 153 and f"Unknown Job Id {array}" in shown.stderr
+
+    wait_for(gone, what="the ended array to leave the server")

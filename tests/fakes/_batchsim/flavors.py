@@ -89,6 +89,9 @@ def _pbspro_env(job: dict, cfg: dict, files: dict) -> dict:
     }
     if job.get("account"):
         env["PBS_ACCOUNT"] = job["account"]
+    if job.get("array"):  # a subjob (qsub(1B) -J, "ENVIRONMENT VARIABLES")
+        env["PBS_ARRAY_INDEX"] = str(job["array"]["index"])
+        env["PBS_ARRAY_ID"] = f"{job['array']['id']}[].{cfg['server']}"
     return env
 
 
@@ -123,9 +126,10 @@ def _lsf_env(job: dict, cfg: dict, files: dict) -> dict:
     slots = job["ncpus"]
     given = host_slots(job, cfg)
     env = {
-        "LSB_JOBID": str(job["id"]),
-        "LSB_BATCH_JID": str(job["id"]),
-        "LSB_JOBINDEX": "0",
+        # An array's element: its array's number, and its index (0 outside an array).
+        "LSB_JOBID": str(job["array"]["id"] if job.get("array") else job["id"]),
+        "LSB_BATCH_JID": shown_id(job),
+        "LSB_JOBINDEX": str(job["array"]["index"] if job.get("array") else 0),
         "LSB_JOBNAME": job["name"],
         "LSB_QUEUE": job["queue"],
         "LSB_HOSTS": " ".join(host for host, count in given for _ in range(count)),
@@ -205,7 +209,7 @@ def walltime_note(job: dict, now: float) -> str | None:
 
 def lsf_report(job: dict, cfg: dict, script_text: str) -> str:
     """The job report LSF appends to the -o file (or mails) when a job ends."""
-    name, fid = job["name"], job["id"]
+    name, fid = job["name"], shown_id(job)
     if job["kill"] == "walltime":
         outcome = (
             "TERM_RUNLIMIT: job killed after reaching LSF run time limit.\n"

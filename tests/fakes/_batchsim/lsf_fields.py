@@ -5,7 +5,10 @@ IBM Spectrum LSF 10.1 Command Reference, bjobs "-o" (field names, case-insensiti
 output shows "-"), job states PEND PSUSP RUN USUSP SSUSP DONE EXIT UNKWN ZOMBI, and the
 termination reasons TERM_OWNER ("job killed by owner") and TERM_RUNLIMIT ("job killed
 after reaching LSF run time limit"); times as "Nov 29 20:51", a finish time suffixed
-" L" once known and " E" while estimated.
+" L" once known and " E" while estimated. An array's element is shown under its array's
+number, with its index in "jobindex" (0 for a job outside an array) and its name as
+"name[index]" (bjobs "-o" jobindex; LSB_BJOBS_DISPLAY_ENH, default N: the JOBID column
+without the index).
 """
 
 from __future__ import annotations
@@ -110,8 +113,8 @@ def _started(job: dict, value: str) -> str:
 
 
 FIELDS: dict[str, Callable[[dict, dict, float], str]] = {
-    "jobid": lambda j, c, n: str(j["id"]),
-    "jobindex": lambda j, c, n: "0",
+    "jobid": lambda j, c, n: str(j["array"]["id"] if j.get("array") else j["id"]),
+    "jobindex": lambda j, c, n: str(j["array"]["index"] if j.get("array") else 0),
     "stat": lambda j, c, n: stat(j),
     "user": lambda j, c, n: j["owner"],
     "user_group": lambda j, c, n: "",

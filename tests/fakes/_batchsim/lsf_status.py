@@ -10,6 +10,8 @@ nothing is displayed; with -json, 0 as soon as one record is displayed and the
 missing ones appear as {"JOBID": "<id>", "ERROR": "Job <id> is not found"}.
 Nothing to show without ids exits 0, or 255 where LSB_BJOBS_CONSISTENT_EXIT_CODE=Y
 (IBM Spectrum LSF 10.1 Configuration Reference, lsf.conf; default N).
+Job arrays ("Job arrays", bjobs and bkill synopses "job_ID | "job_ID[index]""): an array's
+number names all its elements, "number[index]" one of them.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import time
 
 from .common import CommandError, fail, short_options
 from .lsf_fields import DEFAULT_FIELDS, FIELDS, stat
-from .state import DONE, QUEUED, RUNNING, Sim, finish
+from .state import DONE, QUEUED, RUNNING, Sim, finish, shown_id
 from .supervisor import ensure_supervisor
 
 USAGE = (
@@ -62,7 +64,8 @@ def _wanted(job: dict, flags: dict, me: str) -> bool:
         return False
     if "-q" in flags and job["queue"] != flags["-q"]:
         return False
-    if "-J" in flags and job["name"] != flags["-J"]:
+    # -J: a job's name, or an array's (each of its elements is "name[index]").
+    if "-J" in flags and flags["-J"] not in (job["name"], job["name"].split("[")[0]):
         return False
     state = stat(job)
     if "-a" in flags:
@@ -99,8 +102,8 @@ def bjobs_main(flavor: str, argv: list[str]) -> int:
     shown, missing = [], []
     if operands:
         for operand in operands:
-            job = jobs.get(operand.split("[")[0]) if operand.split("[")[0].isdigit() else None
-            (shown.append(job) if job else missing.append(operand))
+            found = named_jobs(jobs, operand)
+            (shown.extend(found) if found else missing.append(operand))
     else:
         shown = sorted(
             (j for j in jobs.values() if _wanted(j, flags, me)),
@@ -124,6 +127,21 @@ def bjobs_main(flavor: str, argv: list[str]) -> int:
     if not shown or (missing and not as_json):
         return 255
     return 0
+
+
+def named_jobs(jobs: dict, operand: str) -> list[dict]:
+    """The jobs an id names: a job, every element of an array ("3000"), or one element
+    ("3000[3]")."""
+    number, _, index = operand.partition("[")
+    if not number.isdigit():
+        return []
+    if index:
+        return [j for j in jobs.values() if shown_id(j) == operand]
+    elements = [j for j in jobs.values() if j.get("array") and j["array"]["id"] == int(number)]
+    job = jobs.get(number)
+    return sorted(elements, key=lambda j: j["id"]) or (
+        [] if job is None or job.get("array") else [job]
+    )
 
 
 def _user_name() -> str:
@@ -179,28 +197,30 @@ def bkill_main(flavor: str, argv: list[str]) -> int:
         targets = operands
         if operands == ["0"]:
             targets = [
-                str(j["id"])
+                shown_id(j)
                 for j in sorted(data["jobs"].values(), key=lambda j: j["id"])
                 if j["uid"] == uid and j["state"] != DONE
             ]
             if not targets:
                 return fail(CommandError("No unfinished job found", 255))
         for target in targets:
-            job = data["jobs"].get(target.split("[")[0])
-            if job is None:
+            found = named_jobs(data["jobs"], target)
+            live = [j for j in found if j["state"] != DONE]
+            if not found:
                 sys.stderr.write(f"Job <{target}>: No matching job found\n")
                 status = 255
-            elif uid not in (0, job["uid"]):
+            elif uid not in (0, found[0]["uid"]):
                 sys.stderr.write(f"Job <{target}>: User permission denied\n")
                 status = 255
-            elif job["state"] == DONE:
+            elif not live:
                 sys.stderr.write(f"Job <{target}>: Job has already finished\n")
                 status = 255
             else:
-                job["cancel"] = {"time": now, "by": uid}
-                job["kill_reason"] = flags.get("-C", "")
-                if job["state"] == QUEUED:
-                    job["kill"] = "cancel"
-                    finish(job, now, None)
+                for job in live:  # an array's number: each of its unfinished elements
+                    job["cancel"] = {"time": now, "by": uid}
+                    job["kill_reason"] = flags.get("-C", "")
+                    if job["state"] == QUEUED:
+                        job["kill"] = "cancel"
+                        finish(job, now, None)
                 sys.stdout.write(f"Job <{target}> is being terminated\n")
     return status

@@ -6,6 +6,13 @@ standard input ("bsub < script") or named as the command, '#BSUB' lines in them
 (command-line options win), the answer "Job <id> is submitted to [default ]queue
 <name>.", refusals ending "Job not submitted." with exit status 255, output files with
 %J/%I substituted and the job report appended to the -o file (mailed without -o).
+
+Job arrays: bsub -J "job_name[index_list]%job_slot_limit", the index list comma-separated
+start[-end[:step]] of positive integers; each element is a job of its own under the array's
+number, with its index in LSB_JOBINDEX and %I (IBM Spectrum LSF 10.1 Command Reference,
+bsub -J; "Job arrays"; MAX_JOB_ARRAY_SIZE in lsb.params, default 1000: no index above it).
+A bad index list is refused with "Job array index error", one past the limit with "Job
+array index too large" (lsberrno LSBE_BAD_IDX, LSBE_BIG_IDX: openlava lsbatch/lib/lsb.err.c).
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ import re
 import sys
 
 from .common import CommandError, fail, invoking_user, parse_size, scan_directives
-from .state import Sim, allocate_id, beyond_host, host_names, new_job
+from .state import Sim, allocate_id, array_elements, beyond_host, host_names, new_job
 from .supervisor import ensure_supervisor
 
 WITH_VALUE = {
@@ -176,13 +183,47 @@ def _environment(value: str | None, user: dict) -> dict:
     return env
 
 
-def _path(value: str | None, seq: int, cwd: str, suffix: str) -> str | None:
+def _path(value: str | None, seq: int, cwd: str, suffix: str, index: int = 0) -> str | None:
+    """An output file: %J the job's (or array's) number, %I the element's index (0 outside
+    an array); a folder gets <number>.out, an element's <number>.<index>.out."""
     if not value:
         return None
-    path = os.path.join(cwd, os.path.expanduser(value.replace("%J", str(seq)).replace("%I", "0")))
+    path = os.path.join(
+        cwd, os.path.expanduser(value.replace("%J", str(seq)).replace("%I", str(index)))
+    )
     if value.endswith("/") or os.path.isdir(path):
-        path = os.path.join(path, f"{seq}.{suffix}")
+        name = f"{seq}.{index}" if index else str(seq)
+        path = os.path.join(path, f"{name}.{suffix}")
     return os.path.normpath(path)
+
+
+_ARRAY_SPEC = re.compile(r"(?P<name>[^\[\]]*)\[(?P<indices>[^\[\]]*)\](?:%(?P<limit>\d+))?")
+_INDEX_RANGE = re.compile(r"(\d+)(?:-(\d+)(?::(\d+))?)?")
+
+
+def array_spec(value: str, largest: int) -> tuple[str, list[int]] | None:
+    """bsub -J "name[index_list]%limit": the array's name and its indices in order (None: a
+    plain job's name). Each entry of the list is start[-end[:step]], positive integers; an
+    index above MAX_JOB_ARRAY_SIZE is refused. The slot limit is accepted, not enforced."""
+    if "[" not in value and "]" not in value:
+        return None
+    match = _ARRAY_SPEC.fullmatch(value.strip())
+    if match is None:
+        raise CommandError("Job array index error. Job not submitted.", 255)
+    indices: list[int] = []
+    for entry in match["indices"].split(","):
+        found = _INDEX_RANGE.fullmatch(entry.strip())
+        if found is None:
+            raise CommandError("Job array index error. Job not submitted.", 255)
+        start = int(found[1])
+        end = int(found[2]) if found[2] else start
+        step = int(found[3]) if found[3] else 1
+        if start < 1 or end < start or step < 1:
+            raise CommandError("Job array index error. Job not submitted.", 255)
+        indices += [i for i in range(start, end + 1, step) if i not in indices]
+    if max(indices) > largest:
+        raise CommandError("Job array index too large. Job not submitted.", 255)
+    return match["name"], indices
 
 
 def bsub_main(flavor: str, argv: list[str]) -> int:
@@ -243,6 +284,9 @@ def submit(argv: list[str]) -> tuple[Sim, int, str, bool]:
         if stdout is None:
             stdout = _mailbox(sim, user, seq)
         name = settings.get("-J") or line or (text.splitlines() or ["NONAME"])[0]
+        array = array_spec(name, cfg["max_job_array_size"]) if "-J" in settings else None
+        if array is not None:
+            name = array[0]
         job = new_job(
             "lsf",
             seq,
@@ -283,17 +327,27 @@ def submit(argv: list[str]) -> tuple[Sim, int, str, bool]:
             "hosts": hosts,
             "ptile": ptile or slots,
         }
-        job["argv"] = _job_argv(sim.job_dir(seq), command, text, line)
-        _store(
-            sim.job_dir(seq),
-            text if not command else line or "",
-            _environment(settings.get("-env"), user),
-        )
-        data["jobs"][str(seq)] = job
+        environment = _environment(settings.get("-env"), user)
+        # An array is only its elements: bjobs shows each on its own line, none for the array.
+        elements = [job]
+        if array is not None:
+            elements = [e for i in array[1] for e in array_elements(data, job, i, i)]
+        for element in elements:
+            index = element["array"]["index"] if element.get("array") else 0
+            if index:
+                element["name"] = f"{name}[{index}]"
+                element["stdout"] = _path(out_value, seq, workdir, "out", index)
+                element["stderr"] = _path(err_value, seq, workdir, "err", index)
+                element["stdout"] = element["stdout"] or _mailbox(sim, user, f"{seq}.{index}")
+                element["stderr"] = element["stderr"] or element["stdout"]
+            job_dir = sim.job_dir(element["id"])
+            element["argv"] = _job_argv(job_dir, command, text, line)
+            _store(job_dir, text if not command else line or "", environment)
+            data["jobs"][str(element["id"])] = element
     return sim, seq, queue, "-q" not in settings
 
 
-def _mailbox(sim: Sim, user: dict, seq: int) -> str:
+def _mailbox(sim: Sim, user: dict, seq: int | str) -> str:
     """Without -o LSF mails the output and report; the simulator keeps them here."""
     folder = os.path.join(sim.dir, "mail")
     os.makedirs(folder, exist_ok=True)

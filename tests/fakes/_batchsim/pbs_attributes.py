@@ -253,11 +253,11 @@ def table(flavor: str, jobs: list[dict], cfg: dict, wide: bool) -> str:
         ]
         gap = " "
     for job in jobs:
-        job_id = _cut(f"{job['id']}.{cfg['server']}", id_w)
+        job_id = _cut(f"{job.get('shown', job['id'])}.{cfg['server']}", id_w)
         used = "00:00:00" if job["launch_time"] else "0"
         lines.append(
             f"{job_id:<{id_w}}{gap}{_cut(job['name'], name_w):<{name_w}} "
             f"{_cut(job['owner'], user_w):<{user_w}}{gap}{used:>8} "
-            f"{state_letter(job)} {_cut(job['queue'], 16)}"
+            f"{job.get('letter') or state_letter(job)} {_cut(job['queue'], 16)}"
         )
     return "\n".join(lines) + "\n"

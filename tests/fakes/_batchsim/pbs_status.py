@@ -17,13 +17,14 @@ import json
 import os
 import sys
 import time
+from dataclasses import dataclass
 
-from . import pbs_attributes
+from . import pbs_arrays, pbs_attributes
 from .common import CommandError, fail, short_options
-from .state import DONE, QUEUED, RUNNING, Sim, finish
+from .state import DONE, QUEUED, RUNNING, Sim, finish, shown_id
 from .supervisor import ensure_supervisor
 
-QSTAT_OPTIONS = {"pbspro": "fF:xwu:1", "torque": "f1u:"}
+QSTAT_OPTIONS = {"pbspro": "fF:xwu:1tJB", "torque": "f1u:"}
 QSTAT_USAGE = {
     "pbspro": "usage: \nqstat [-f] [-J] [-p] [-t] [-x] [-E] "
     "[ job_identifier... | destination... ]\n"
@@ -44,14 +45,43 @@ HISTORY_OFF = "PBS is not configured to maintain job history"
 UNAUTHORIZED = ("qstat: Unauthorized Request ", 159)
 
 
-def _seq(operand: str, cfg: dict) -> int | None:
+@dataclass(frozen=True)
+class Shown:
+    """One record qstat shows: a job, an array job (`N[]`) or a subjob (`N[i]`)."""
+
+    head: str  # the id before the server's name
+    job: dict  # the job, the subjob, or the array's first subjob
+    subjobs: tuple[dict, ...] = ()  # the array's subjobs (an array job or a subjob)
+
+    def attributes(self, cfg: dict, now: float, variables: dict) -> dict:
+        if not self.subjobs:
+            return pbs_attributes.pbspro(self.job, cfg, now, variables)
+        if self.head.endswith("[]"):
+            return pbs_arrays.parent_record(list(self.subjobs), cfg, now, variables)
+        return pbs_arrays.subjob_record(self.job, list(self.subjobs), cfg, now, variables)
+
+    def row(self, cfg: dict) -> dict:
+        """The job as the one-line format reads it, in the record's state."""
+        if not self.subjobs:
+            return self.job
+        if self.head.endswith("[]"):
+            letter = pbs_arrays.parent_state(list(self.subjobs))
+        else:
+            history = cfg["job_history_enable"]
+            letter = pbs_arrays.subjob_state(self.job, list(self.subjobs), history)
+        return {**self.job, "shown": self.head, "letter": letter}
+
+
+def _parse(operand: str, cfg: dict) -> tuple[int, str | None] | None:
+    """A job id operand: (number, None), or (number, "" or the index) for an array's."""
     head, _, server = operand.partition(".")
     server = server.split("@")[0]
-    if not head.isdigit():
+    parts = pbs_arrays.split_id(head)
+    if parts is None:
         return None
     if server and not (server == cfg["server"] or server.startswith(cfg["server"] + ".")):
         return None
-    return int(head)
+    return parts
 
 
 def _shown_id(operand: str, cfg: dict) -> str:
@@ -63,6 +93,11 @@ def _gone(flavor: str, job: dict, cfg: dict) -> bool:
     return flavor == "pbspro" and job["state"] == DONE and not cfg["job_history_enable"]
 
 
+def _array_gone(subjobs: list[dict], cfg: dict) -> bool:
+    """An array leaves the server once every subjob has ended, unless it keeps job history."""
+    return pbs_arrays.finished(subjobs) and not cfg["job_history_enable"]
+
+
 def _visible(job: dict, cfg: dict) -> bool:
     uid = os.getuid()
     return uid == 0 or cfg["query_other_jobs"] or job["uid"] == uid
@@ -72,38 +107,37 @@ def _listed(flavor: str, job: dict, history: bool) -> bool:
     return history or flavor == "torque" or job["state"] != DONE
 
 
+def _array_listed(subjobs: list[dict], cfg: dict, history: bool) -> bool:
+    finished = pbs_arrays.finished(subjobs)
+    return (history or not finished) and not _array_gone(subjobs, cfg)
+
+
+def _array(subjobs: list[dict], with_subjobs: bool, array_too: bool = True) -> list[Shown]:
+    """The array job, then (qstat -t) each of its subjobs."""
+    number = subjobs[0]["array"]["id"]
+    found = [Shown(f"{number}[]", subjobs[0], tuple(subjobs))] if array_too else []
+    if with_subjobs:
+        found += [Shown(shown_id(j), j, tuple(subjobs)) for j in subjobs]
+    return found
+
+
 def _select(
-    flavor: str, data: dict, operands: list[str], history: bool, users: set | None
-) -> tuple[list[dict], list[tuple[str, int]]]:
+    flavor: str, data: dict, operands: list[str], flags: dict, users: set | None
+) -> tuple[list[Shown], list[tuple[str, int]]]:
     cfg, jobs = data["config"], data["jobs"]
+    history = "-x" in flags
     if flavor == "pbspro" and history and not cfg["job_history_enable"]:
         shown = [_shown_id(o, cfg) if o[:1].isdigit() else o for o in operands] or [""]
         return [], [(f"qstat: {HISTORY_OFF} {name}".rstrip(), 0) for name in shown]
-    ordered = sorted(jobs.values(), key=lambda j: j["id"])
     if not operands:
-        chosen = [
-            j
-            for j in ordered
-            if _listed(flavor, j, history)
-            and not _gone(flavor, j, cfg)
-            and _visible(j, cfg)
-            and not (users and j["owner"] not in users)
-        ]
-        return chosen, []
-    chosen, errors = [], []
+        return _every(flavor, data, None, flags, users), []
+    chosen: list[Shown] = []
+    errors = []
     for operand in operands:
         if not operand[:1].isdigit():
-            queue = operand.split("@")[0]
-            chosen.extend(
-                j
-                for j in ordered
-                if (not queue or j["queue"] == queue)
-                and _listed(flavor, j, history)
-                and not _gone(flavor, j, cfg)
-                and _visible(j, cfg)
-            )
+            chosen += _every(flavor, data, operand.split("@")[0], flags, None)
             continue
-        error = _one(flavor, jobs, operand, cfg, history, chosen)
+        error = _one(flavor, jobs, operand, cfg, flags, chosen)
         if error:
             errors.append(error)
             if flavor == "pbspro" and error[1] == UNAUTHORIZED[1]:
@@ -111,24 +145,76 @@ def _select(
     return chosen, errors
 
 
+def _every(
+    flavor: str, data: dict, queue: str | None, flags: dict, users: set | None
+) -> list[Shown]:
+    """Every job shown (of a queue, of users): an array as its array job, and with -t its
+    subjobs after it; with -J arrays only, and with -J -t their subjobs only (qstat(1B))."""
+    cfg, history = data["config"], "-x" in flags
+    groups = pbs_arrays.arrays(data["jobs"])
+    found: list[Shown] = []
+    for job in sorted(data["jobs"].values(), key=lambda j: j["id"]):
+        subjobs = groups.get(job["array"]["id"]) if job.get("array") else None
+        if subjobs is not None and job is not subjobs[0]:
+            continue
+        if subjobs is None and ("-J" in flags or not _listed(flavor, job, history)):
+            continue
+        if subjobs is None and _gone(flavor, job, cfg):
+            continue
+        if subjobs is not None and not _array_listed(subjobs, cfg, history):
+            continue
+        if queue and job["queue"] != queue or not _visible(job, cfg):
+            continue
+        if users and job["owner"] not in users:
+            continue
+        if subjobs is None:
+            found.append(Shown(str(job["id"]), job))
+        else:
+            found += _array(subjobs, "-t" in flags, not ("-J" in flags and "-t" in flags))
+    return found
+
+
 def _one(
-    flavor: str, jobs: dict, operand: str, cfg: dict, history: bool, chosen: list[dict]
+    flavor: str, jobs: dict, operand: str, cfg: dict, flags: dict, chosen: list[Shown]
 ) -> tuple[str, int] | None:
-    seq = _seq(operand, cfg)
-    job = jobs.get(str(seq)) if seq is not None else None
+    parsed = _parse(operand, cfg)
     shown = _shown_id(operand, cfg)
-    if job is None or _gone(flavor, job, cfg):
-        text = "Unknown Job Id Error" if flavor == "torque" else "Unknown Job Id"
-        return f"qstat: {text} {shown}", 153
+    unknown = f"qstat: {'Unknown Job Id Error' if flavor == 'torque' else 'Unknown Job Id'} {shown}"
+    history = "-x" in flags
+    if parsed is not None and parsed[1] is not None:
+        # stat_a_jobidname (req_stat.c): N[] is the array job, N[i] one subjob.
+        number, index = parsed
+        subjobs = pbs_arrays.arrays(jobs).get(number) if flavor == "pbspro" else None
+        if not subjobs or _array_gone(subjobs, cfg):
+            return unknown, 153
+        if not _visible(subjobs[0], cfg):
+            return f"{UNAUTHORIZED[0]} {shown}", UNAUTHORIZED[1]
+        if not _array_listed(subjobs, cfg, history):
+            return _finished_message(shown)
+        if index == "":
+            chosen += _array(subjobs, "-t" in flags)
+            return None
+        match = [j for j in subjobs if str(j["array"]["index"]) == index]
+        if not match:
+            return unknown, 153
+        chosen.append(Shown(shown_id(match[0]), match[0], tuple(subjobs)))
+        return None
+    job = jobs.get(str(parsed[0])) if parsed is not None else None
+    if job is None or job.get("array") or _gone(flavor, job, cfg):
+        return unknown, 153
     if not _visible(job, cfg):
         return f"{UNAUTHORIZED[0]} {shown}", UNAUTHORIZED[1]
     if not _listed(flavor, job, history):
-        return (
-            f"qstat: {shown} Job has finished, use -x or -H to obtain historical job information",
-            35,
-        )
-    chosen.append(job)
+        return _finished_message(shown)
+    chosen.append(Shown(str(job["id"]), job))
     return None
+
+
+def _finished_message(shown: str) -> tuple[str, int]:
+    return (
+        f"qstat: {shown} Job has finished, use -x or -H to obtain historical job information",
+        35,
+    )
 
 
 def qstat_main(flavor: str, argv: list[str]) -> int:
@@ -147,8 +233,10 @@ def qstat_main(flavor: str, argv: list[str]) -> int:
     users = set(flags["-u"].split(",")) if "-u" in flags else None
     sim = Sim(flavor)
     now = time.time()
+    if "-B" in flags and flavor == "pbspro":
+        return _server_status(sim, flags, now)
     with sim.reading() as data:
-        chosen, errors = _select(flavor, data, operands, "-x" in flags, users)
+        chosen, errors = _select(flavor, data, operands, flags, users)
         if any(
             j["uid"] == os.getuid() and j["state"] in (QUEUED, RUNNING)
             for j in data["jobs"].values()
@@ -158,7 +246,8 @@ def qstat_main(flavor: str, argv: list[str]) -> int:
     for message, _ in errors:
         sys.stderr.write(message + "\n")
     if "-f" not in flags:
-        sys.stdout.write(pbs_attributes.table(flavor, chosen, cfg, "-w" in flags))
+        rows = [shown.row(cfg) for shown in chosen]
+        sys.stdout.write(pbs_attributes.table(flavor, rows, cfg, "-w" in flags))
     elif flags.get("-F") == "json":
         sys.stdout.write(_json(chosen, cfg, sim, now))
     else:
@@ -179,6 +268,55 @@ def qstat_main(flavor: str, argv: list[str]) -> int:
     return statuses[0] if flavor == "torque" else statuses[-1]
 
 
+def _server_status(sim: Sim, flags: dict, now: float) -> int:
+    """qstat -B [-f [-F json]]: the server's attributes (Reference Guide, qstat(1B) "Server
+    status", pbs_server_attributes(7B)): max_array_size (default 10000) and a few others."""
+    with sim.reading() as data:
+        cfg, jobs = data["config"], list(data["jobs"].values())
+    counts = {"Queued": 0, "Running": 0}
+    for job in jobs:
+        if job["state"] in (QUEUED, RUNNING):
+            counts["Queued" if job["state"] == QUEUED else "Running"] += 1
+    attrs: dict = {
+        "server_state": "Active",
+        "server_host": cfg["server"],
+        "scheduling": "True",
+        "total_jobs": sum(counts.values()),
+        "state_count": f"Transit:0 Queued:{counts['Queued']} Held:0 Waiting:0 "
+        f"Running:{counts['Running']} Exiting:0 Begun:0 ",
+        "default_queue": cfg["queues"][0],
+        "query_other_jobs": "True" if cfg["query_other_jobs"] else "False",
+        "resources_default": {"ncpus": 1},
+        "default_chunk": {"ncpus": 1},
+        "max_array_size": cfg["max_array_size"],
+        "pbs_version": cfg["pbs_version"],
+    }
+    if cfg["job_history_enable"]:
+        attrs["job_history_enable"] = "True"
+    if flags.get("-F") == "json":
+        report = {
+            "timestamp": int(now),
+            "pbs_version": cfg["pbs_version"],
+            "pbs_server": cfg["server"],
+            "Server": {cfg["server"]: attrs},
+        }
+        sys.stdout.write(json.dumps(report, indent=4, separators=(",", ":")) + "\n")
+    elif "-f" in flags:
+        lines = [f"Server: {cfg['server']}"]
+        lines += [f"    {k} = {v}" for k, v in pbs_attributes.flatten(attrs)]
+        sys.stdout.write("\n".join(lines) + "\n\n")
+    else:
+        head = "Server             Max   Tot   Que   Run   Hld   Wat   Trn   Ext Status"
+        row = (
+            f"{cfg['server'][:16]:<16} {0:>5} {attrs['total_jobs']:>5} {counts['Queued']:>5} "
+            f"{counts['Running']:>5} {0:>5} {0:>5} {0:>5} {0:>5} Active"
+        )
+        sys.stdout.write(
+            f"{head}\n{'-' * 16} ----- ----- ----- ----- ----- ----- ----- ----- ------\n{row}\n"
+        )
+    return 0
+
+
 def _variables(sim: Sim, job: dict) -> dict:
     try:
         with open(os.path.join(sim.job_dir(job["id"]), "variables.json")) as handle:
@@ -187,7 +325,7 @@ def _variables(sim: Sim, job: dict) -> dict:
         return {}
 
 
-def _json(chosen: list[dict], cfg: dict, sim: Sim, now: float) -> str:
+def _json(chosen: list[Shown], cfg: dict, sim: Sim, now: float) -> str:
     report: dict = {
         "timestamp": int(now),
         "pbs_version": cfg["pbs_version"],
@@ -195,24 +333,24 @@ def _json(chosen: list[dict], cfg: dict, sim: Sim, now: float) -> str:
     }
     if chosen:
         report["Jobs"] = {
-            f"{j['id']}.{cfg['server']}": pbs_attributes.pbspro(j, cfg, now, _variables(sim, j))
+            f"{j.head}.{cfg['server']}": j.attributes(cfg, now, _variables(sim, j.job))
             for j in chosen
         }
     return json.dumps(report, indent=4, separators=(",", ":")) + "\n"
 
 
 def _long(
-    flavor: str, chosen: list[dict], cfg: dict, sim: Sim, now: float, one_line: bool, dsv: bool
+    flavor: str, chosen: list[Shown], cfg: dict, sim: Sim, now: float, one_line: bool, dsv: bool
 ) -> str:
     out = []
-    for job in chosen:
-        variables = _variables(sim, job)
+    for shown in chosen:
+        variables = _variables(sim, shown.job)
         pairs = (
-            pbs_attributes.flatten(pbs_attributes.pbspro(job, cfg, now, variables))
+            pbs_attributes.flatten(shown.attributes(cfg, now, variables))
             if flavor == "pbspro"
-            else pbs_attributes.torque(job, cfg, now, variables)
+            else pbs_attributes.torque(shown.job, cfg, now, variables)
         )
-        head = f"Job Id: {job['id']}.{cfg['server']}"
+        head = f"Job Id: {shown.head}.{cfg['server']}"
         if dsv:
             out.append("|".join([head] + [f"{k} = {v}" for k, v in pairs]) + "\n")
             continue
@@ -249,13 +387,18 @@ def qdel_main(flavor: str, argv: list[str]) -> int:
 
 
 def _delete(flavor: str, data: dict, operand: str, history: bool) -> tuple[str, int]:
-    cfg, now = data["config"], time.time()
-    seq = _seq(operand, cfg)
+    cfg = data["config"]
+    parsed = _parse(operand, cfg)
     shown = _shown_id(operand, cfg)
-    job = data["jobs"].get(str(seq)) if seq is not None else None
-    if job is None or _gone(flavor, job, cfg):
-        if seq is None and not operand[:1].isdigit():
+    if parsed is None:
+        if not operand[:1].isdigit():
             return f"qdel: illegally formed job identifier: {operand}", 1
+        return f"qdel: Unknown Job Id {shown}", 153
+    number, index = parsed
+    if index is not None:
+        return _delete_in_array(flavor, data, number, index, shown, history)
+    job = data["jobs"].get(str(number))
+    if job is None or job.get("array") or _gone(flavor, job, cfg):
         return f"qdel: Unknown Job Id {shown}", 153
     if os.getuid() not in (0, job["uid"]):
         return f"qdel: Unauthorized Request  {shown}", 159
@@ -270,8 +413,45 @@ def _delete(flavor: str, data: dict, operand: str, history: bool) -> tuple[str, 
                 170,
             )
         return f"qdel: Job has finished {shown}", 35
+    _cancel(job)
+    return "", 0
+
+
+def _cancel(job: dict) -> None:
+    now = time.time()
     job["cancel"] = {"time": now, "by": os.getuid()}
     if job["state"] == QUEUED:
         job["kill"] = "cancel"
         finish(job, now, None)
+
+
+def _delete_in_array(
+    flavor: str, data: dict, number: int, index: str, shown: str, history: bool
+) -> tuple[str, int]:
+    """req_delete.c: `N[]` deletes every subjob that has not ended, `N[i]` one subjob (a
+    queued one just expires); an ended subjob is refused (PBSE_NOHISTARRAYSUBJOB), and an
+    index outside the array is an invalid request (PBSE_IVALREQ 15004 & 0xff)."""
+    subjobs = pbs_arrays.arrays(data["jobs"]).get(number) if flavor == "pbspro" else None
+    if not subjobs or _array_gone(subjobs, data["config"]):
+        return f"qdel: Unknown Job Id {shown}", 153
+    if os.getuid() not in (0, subjobs[0]["uid"]):
+        return f"qdel: Unauthorized Request  {shown}", 159
+    if index == "":
+        if pbs_arrays.finished(subjobs) and history:
+            for job in subjobs:
+                del data["jobs"][str(job["id"])]
+            return "", 0
+        if pbs_arrays.finished(subjobs):
+            return f"qdel: Job has finished {shown}", 35
+        for job in subjobs:
+            if job["state"] != DONE:
+                _cancel(job)
+        return "", 0
+    match = [j for j in subjobs if str(j["array"]["index"]) == index]
+    if not match:
+        return f"qdel: Invalid request {shown}", 156
+    if match[0]["state"] == DONE:
+        message, status = pbs_arrays.NOHISTARRAYSUBJOB
+        return f"qdel: {message} {shown}", status
+    _cancel(match[0])
     return "", 0

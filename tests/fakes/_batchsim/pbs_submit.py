@@ -15,9 +15,9 @@ import re
 import shlex
 import sys
 
-from . import pbs_resources
+from . import pbs_arrays, pbs_resources
 from .common import CommandError, fail, invoking_user, scan_directives, short_host
-from .state import Sim, allocate_id, beyond_host, host_names, new_job
+from .state import Sim, allocate_id, array_elements, beyond_host, host_names, new_job
 from .supervisor import ensure_supervisor
 
 WITH_VALUE = {"pbspro": set("aAcCeJjklmMNopPqrRSuvW"), "torque": set("aAbcCdDeFjklmMNopPqrSutvwW")}
@@ -206,6 +206,9 @@ def submit(flavor: str, argv: list[str]) -> tuple[Sim, str]:
                 raise CommandError(f"qsub: directive error: {' '.join(words)}", 1)
             directive_pairs.extend(found)
     settings = _collect(directive_pairs + pairs)
+    indices = None
+    if flavor == "pbspro" and settings.get("J"):
+        indices = pbs_arrays.parse_range(str(settings["J"]), USAGE[flavor])
     user = invoking_user()
     cwd = os.getcwd()
     resources = pbs_resources.merge(flavor, settings["l"])
@@ -225,7 +228,7 @@ def submit(flavor: str, argv: list[str]) -> tuple[Sim, str]:
         cfg = data["config"]
         queue = _queue(flavor, settings, cfg)
         seq = allocate_id(data)
-        full = f"{seq}.{cfg['server']}"
+        full = f"{seq}[].{cfg['server']}" if indices is not None else f"{seq}.{cfg['server']}"
         job = new_job(
             flavor,
             seq,
@@ -257,6 +260,8 @@ def submit(flavor: str, argv: list[str]) -> tuple[Sim, str]:
                     190,
                 )
             raise CommandError("qsub: Job violates queue and/or server resource limits", 188)
+        if indices is not None and len(indices) > cfg["max_array_size"]:
+            raise CommandError(*pbs_arrays.MAX_ARRAY_SIZE)
         variables = _variables(settings, queue, cwd, user)
         job["native"] = {
             "resource_list": request["resource_list"],
@@ -270,7 +275,11 @@ def submit(flavor: str, argv: list[str]) -> tuple[Sim, str]:
             "other": settings["W"],
             "keep": settings.get("k", "n"),
             "mail": settings.get("m", "a"),
+            "array_indices": settings.get("J"),
         }
+        if indices is not None:
+            how = (executable, text, settings, user, variables)
+            return sim, _submit_array(sim, data, job, indices, how)
         job["argv"] = _job_argv(sim.job_dir(seq), executable, text, settings, user)
         _store_files(
             sim.job_dir(seq),
@@ -280,6 +289,25 @@ def submit(flavor: str, argv: list[str]) -> tuple[Sim, str]:
         )
         data["jobs"][str(seq)] = job
     return sim, full
+
+
+def _submit_array(sim: Sim, data: dict, job: dict, indices: list[int], how: tuple) -> str:
+    """An array job (qsub -J): one record per subjob, each with its own folder; the array's
+    own record is built from them (pbs_arrays). Output paths: `^array_index^` becomes the
+    subjob's index, and the default names end in `.^array_index^` (OpenPBS svr_jobfunc.c
+    prefix_std_file, array_func.c)."""
+    executable, text, settings, user, variables = how
+    script = text if executable is None else None
+    for index in indices:
+        [element] = array_elements(data, job, index, index)
+        for stream, flag in (("stdout", "o"), ("stderr", "e")):
+            path = element[stream].replace("^array_index^", str(index))
+            element[stream] = path if settings.get(flag) else f"{path}.{index}"
+        folder = sim.job_dir(element["id"])
+        element["argv"] = _job_argv(folder, executable, text, settings, user)
+        _store_files(folder, script, _base_env(user, variables), variables)
+        data["jobs"][str(element["id"])] = element
+    return f"{job['id']}[].{data['config']['server']}"
 
 
 def _workdir(flavor: str, settings: dict, user: dict, cwd: str) -> str:

@@ -39,11 +39,16 @@ _TRUE = {"1", "y", "yes", "t", "true"}
 # The vendor's default of each setting (PBS Professional 2022 Reference Guide, "Server
 # Attributes": job_history_enable false; OpenPBS pbsd_init.c: query_other_jobs true; TORQUE
 # 6.1 "Server parameters": query_other_jobs false; IBM Spectrum LSF 10.1 lsf.conf:
-# LSB_BJOBS_CONSISTENT_EXIT_CODE=N; bsub -W: SIGUSR2, then the kill ten minutes later).
+# LSB_BJOBS_CONSISTENT_EXIT_CODE=N; bsub -W: SIGUSR2, then the kill ten minutes later; lsb.params
+# MAX_JOB_ARRAY_SIZE=1000).
 VENDOR_DEFAULTS = {
     "pbspro": {"job_history_enable": False, "query_other_jobs": True},
     "torque": {"job_history_enable": False, "query_other_jobs": False},
-    "lsf": {"bjobs_consistent_exit_code": False, "runlimit_grace": 600.0},
+    "lsf": {
+        "bjobs_consistent_exit_code": False,
+        "runlimit_grace": 600.0,
+        "max_job_array_size": 1000,
+    },
 }
 PBS_VERSION = "2022.1.3.20230614134139"
 
@@ -59,6 +64,8 @@ def _config_from_env() -> dict:
         found["pbs_version"] = env["KLIQUE_SIM_PBS_VERSION"].strip()
     if env.get("KLIQUE_SIM_LSF_RUNLIMIT_GRACE"):
         found["runlimit_grace"] = env_float("KLIQUE_SIM_LSF_RUNLIMIT_GRACE", 600.0)
+    if env.get("KLIQUE_SIM_LSF_MAX_JOB_ARRAY_SIZE"):
+        found["max_job_array_size"] = env_int("KLIQUE_SIM_LSF_MAX_JOB_ARRAY_SIZE", 1000)
     if env.get("KLIQUE_SIM_GPUS"):
         found["gpus"] = env_int("KLIQUE_SIM_GPUS", 4)
     if env.get("KLIQUE_SIM_CPUS"):
@@ -79,6 +86,8 @@ def _config_from_env() -> dict:
         found["host"] = env["KLIQUE_SIM_HOST"]
     if env.get("KLIQUE_SIM_NODES"):
         found["nodes"] = env_int("KLIQUE_SIM_NODES", 1)
+    if env.get("KLIQUE_SIM_MAX_ARRAY_SIZE"):
+        found["max_array_size"] = env_int("KLIQUE_SIM_MAX_ARRAY_SIZE", 10000)
     return found
 
 
@@ -97,6 +106,7 @@ def default_config(flavor: str) -> dict:
         "cluster": "klique_cluster",
         "nodes": 1,
         "pbs_version": PBS_VERSION,
+        "max_array_size": 10000,  # PBS Professional server attribute (Reference Guide)
         **VENDOR_DEFAULTS[flavor],
     }
 

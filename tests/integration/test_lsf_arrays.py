@@ -1,0 +1,97 @@
+"""A sweep's tasks on one LSF pool go as one job array (bsub -J "name[1-N]"), and each element
+is followed and cancelled as its own task, on the LSF simulator: its bjobs is the judge."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from batch_helpers import (
+    login_node,
+    open_folder,
+    remove_tree,
+    search_path,
+    shared_folder,
+)
+from sweep_helpers import FINAL, ended_as, queue_sweep, run_with, scheduler_over, until
+
+from broker.domain import TaskState
+from broker.pools.arrays import array_folder_named
+from broker.pools.lsf import LsfDriver
+
+TASKS = 30
+FAILS, CANCELLED = 2, 17  # places in the sweep
+
+
+@pytest.fixture
+def site(test_users: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Path, Path]]:
+    """The LSF simulator's commands first on PATH (the driver's transport passes it on to the
+    accounts), and a job root every account may write."""
+    folder = shared_folder("klique-lsf-arrays-")
+    try:
+        sim = open_folder(folder / "sim")
+        monkeypatch.setenv("PATH", search_path(login_node(folder, "lsf", sim)))
+        yield folder, open_folder(folder / "jobs")
+    finally:
+        remove_tree(folder)
+
+
+def bjobs(*args: str) -> list[dict[str, str]]:
+    """bjobs -json records, as the LSF administrator sees them (every user's jobs)."""
+    argv = ["bjobs", "-a", "-u", "all", "-o", "jobid jobindex stat job_name exit_reason"]
+    done = subprocess.run([*argv, "-json", *args], capture_output=True, text=True, check=True)
+    return list(json.loads(done.stdout)["RECORDS"])
+
+
+def test_a_sweep_runs_as_one_lsf_job_array_with_each_element_its_own_task(
+    tmp_path: Path, site: tuple[Path, Path]
+) -> None:
+    _folder, job_root = site
+    store, driver, scheduler = scheduler_over("lsf", job_root, tmp_path, LsfDriver)
+    ids = queue_sweep(
+        store, TASKS, {FAILS: ("sh", "-c", "exit 3"), CANCELLED: ("sleep", "600")}, "lsf-arrays"
+    )
+    expected = {FAILS: TaskState.FAILED, CANCELLED: TaskState.CANCELLED}
+
+    async def steps(running: asyncio.Task[None]) -> None:
+        long_one = lambda: store.get(ids[CANCELLED]).state is TaskState.RUNNING  # noqa: E731
+        await until(long_one, "the long task's start", running)
+        await scheduler.cancel(store.get(ids[CANCELLED]))
+        ended = lambda: all(store.get(i).state in FINAL for i in ids)  # noqa: E731
+        await until(ended, "the end of every task", running)
+
+    run_with(scheduler, driver, steps)
+    tasks = ended_as(store, ids, expected)
+    assert tasks[FAILS].exit_code == 3
+
+    # One array, its elements 1..N one per task in the sweep's order, each task's own.
+    arrays = {str(t.native_id).partition("[")[0] for t in tasks}
+    assert len(arrays) == 1, arrays
+    [array] = arrays
+    assert [t.native_id for t in tasks] == [f"{array}[{n}]" for n in range(1, TASKS + 1)]
+
+    # bjobs lists each element under the array's number, named "<array's name>[index]", and
+    # no other job: no task went as a job of its own.
+    records = bjobs()
+    assert sorted(int(r["JOBINDEX"]) for r in records) == list(range(1, TASKS + 1))
+    assert {r["JOBID"] for r in records} == {array}
+    name = records[0]["JOB_NAME"].rpartition("[")[0]
+    assert all(r["JOB_NAME"] == f"{name}[{r['JOBINDEX']}]" for r in records)
+    states = {int(r["JOBINDEX"]): (r["STAT"], r["EXIT_REASON"]) for r in bjobs(array)}
+    assert states[FAILS + 1] == ("EXIT", "")
+    assert states[CANCELLED + 1] == ("EXIT", "TERM_OWNER: job killed by owner")
+    assert {states[n + 1] for n in range(TASKS) if n not in expected} == {("DONE", "")}
+
+    # LSF's report of each element in a file of its own (-o .../lsf-%J.%I.out), in the
+    # array's folder; each task's output in its own folder.
+    folder = Path(str(array_folder_named(str(job_root), name)))
+    for n in range(1, TASKS + 1):
+        report = (folder / f"lsf-{array}.{n}.out").read_text()
+        assert f"Subject: Job {array}[{n}]: <{name}[{n}]>" in report
+    assert all(Path(str(t.job_dir), "exit.json").exists() for t in tasks if t.id != ids[CANCELLED])
+    store.close()

@@ -1,0 +1,102 @@
+"""A sweep's tasks on a PBS Professional pool go as one job array (qsub -J), and each subjob is
+followed and cancelled as its own task, on the simulator at the vendor's default settings (no
+job history: a finished array leaves the server) and with job history kept."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from batch_helpers import (
+    login_node,
+    open_folder,
+    remove_tree,
+    run_as,
+    search_path,
+    shared_folder,
+)
+from sweep_helpers import FINAL, ended_as, queue_sweep, run_with, scheduler_over, until
+
+from broker.domain import TaskState
+from broker.pools.pbs import PbsDriver
+
+TASKS = 30
+FAILS, CANCELLED = 1, TASKS // 2  # places in the sweep
+HISTORY = {"KLIQUE_SIM_JOB_HISTORY_ENABLE": "true"}
+
+
+@pytest.fixture
+def folder(test_users: Any) -> Iterator[Path]:
+    folder = shared_folder("klique-pbs-arrays-")
+    try:
+        yield folder
+    finally:
+        remove_tree(folder)
+
+
+def qstat(path: str, *argv: str) -> tuple[int, dict[str, Any], str]:
+    """qstat -f -F json as alice: its exit status, its jobs by id and its standard error."""
+    done = run_as("alice", ["qstat", *argv, "-f", "-F", "json"], path)
+    return done.returncode, json.loads(done.stdout or "{}").get("Jobs", {}), done.stderr
+
+
+@pytest.mark.parametrize("server", [{}, HISTORY], ids=["default", "job-history"])
+def test_a_sweep_runs_as_one_pbs_job_array_with_each_subjob_its_own_task(
+    folder: Path, server: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    job_root = open_folder(folder / "jobs")
+    path = search_path(login_node(folder, "pbspro", open_folder(folder / "sim"), settings=server))
+    monkeypatch.setenv("PATH", path)  # the local transport passes it to the pool's accounts
+    store, driver, scheduler = scheduler_over("pbspro", job_root, folder, PbsDriver)
+    commands = {FAILS: ("sh", "-c", "exit 3"), CANCELLED: ("sleep", "600")}
+    ids = queue_sweep(store, TASKS, commands, "arrays")
+    seen_running: dict[str, Any] = {}
+
+    async def steps(running: asyncio.Task[None]) -> None:
+        await until(lambda: all(store.get(i).native_id for i in ids), "every submission", running)
+        long_task = lambda: store.get(ids[CANCELLED]).state is TaskState.RUNNING  # noqa: E731
+        await until(long_task, "the long task's start", running)
+        # While the array is there, qstat -t lists its subjobs, the long one running.
+        array = str(store.get(ids[0]).native_id).replace("[0]", "[]")
+        _, seen, _ = await asyncio.to_thread(qstat, path, "-t", array)
+        seen_running.update(seen)
+        await scheduler.cancel(store.get(ids[CANCELLED]))
+        ended = lambda: all(store.get(i).state in FINAL for i in ids)  # noqa: E731
+        await until(ended, "the end of every task", running)
+
+    run_with(scheduler, driver, steps)
+    tasks = ended_as(store, ids, {FAILS: TaskState.FAILED, CANCELLED: TaskState.CANCELLED})
+    assert tasks[FAILS].exit_code == 3
+
+    # One array job (qsub printed N[].server), each subjob one task's, in the sweep's order.
+    number, _, server_name = str(tasks[0].native_id).partition("[0]")
+    array = f"{number}[]{server_name}"
+    assert [t.native_id for t in tasks] == [f"{number}[{n}]{server_name}" for n in range(TASKS)]
+    assert seen_running[array]["job_state"] == "B"
+    assert seen_running[array]["array_indices_submitted"] == f"0-{TASKS - 1}"
+    subjobs = {k: v for k, v in seen_running.items() if k != array}
+    assert set(subjobs) == {t.native_id for t in tasks}
+    assert subjobs[str(tasks[CANCELLED].native_id)]["job_state"] == "R"
+    assert {v["Job_Name"] for v in seen_running.values()} == {seen_running[array]["Job_Name"]}
+
+    # Afterwards: kept with job history, each subjob with its own exit status; gone without.
+    status, after, error = qstat(path, "-x", "-t", array)
+    if server:
+        assert after[array]["job_state"] == "F"
+        assert after[str(tasks[FAILS].native_id)]["Exit_status"] == 3
+        assert after[str(tasks[CANCELLED].native_id)]["substate"] == 91  # deleted
+        assert {after[str(t.native_id)]["job_state"] for t in tasks} == {"X"}
+    else:
+        assert "PBS is not configured to maintain job history" in error
+        status, after, error = qstat(path, "-t", array)
+        assert (status, after) == (153, {}) and f"Unknown Job Id {array}" in error
+    # The simulator's job table: that array's subjobs, one per task, and no other job.
+    table = json.loads((folder / "sim" / "pbspro" / "state.json").read_text())["jobs"].values()
+    shown = sorted((j["array"]["id"], j["array"]["index"]) for j in table if j.get("array"))
+    assert shown == [(int(number), n) for n in range(TASKS)]
+    assert len(table) == TASKS
+    store.close()

@@ -1,0 +1,92 @@
+"""A sweep through a real placement loop, for each scheduler's job-array test: its tasks queued
+in a store, the scheduler running while the test's steps act, and how each task ended."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from batch_helpers import pool_yaml
+
+from broker.domain import Task, TaskSpec, TaskState
+from broker.estate import parse_estate
+from broker.pools.base import Context, PoolDriver
+from broker.scheduler.loop import Scheduler
+from broker.server import build_runner
+from broker.store.repository import Store
+
+FINAL = frozenset({TaskState.COMPLETED, TaskState.FAILED, TaskState.CANCELLED, TaskState.TIMEOUT})
+Steps = Callable[[asyncio.Task[None]], Awaitable[None]]
+
+
+def sweep_estate(scheduler: str, job_root: Path) -> str:
+    """An estate with one pool, `batch`, of the scheduler (a simulator's on PATH, or Slurm's),
+    and one compute resource on it, `cpu`."""
+    return (
+        "resources:\n"
+        "  cpu:\n"
+        "    profile: {cpus: 1, memory: 100M, walltime: 10m, pools: [batch]}\n"
+        f"pools:\n{pool_yaml(scheduler, job_root, None)}"
+    )
+
+
+def scheduler_over(
+    scheduler: str, job_root: Path, folder: Path, driver_class: Any
+) -> tuple[Store, Any, Scheduler]:
+    """A store in `folder`, the pool `batch` of `sweep_estate` (a `driver_class`) and a
+    scheduler over them."""
+    estate = parse_estate(sweep_estate(scheduler, job_root))
+    store = Store.open(f"sqlite:///{folder / 'k.db'}")
+    driver = driver_class(
+        estate.pools["batch"], Context(estate, folder, build_runner(folder), None)
+    )
+    return store, driver, Scheduler(store, estate, {"batch": driver}, folder)
+
+
+def queue_sweep(
+    store: Store, count: int, commands: Mapping[int, Sequence[str]], sweep: str
+) -> list[int]:
+    """One sweep of alice's on resource `cpu`: `true`, or at place n the command `commands[n]`."""
+    items = [(TaskSpec(tuple(commands.get(n, ("true",))), "cpu"), 0.0, {}) for n in range(count)]
+    _sweep, created = store.create_queued(items, "alice", None, sweep=sweep)
+    return [t.id for t in created]
+
+
+async def until(
+    done: Callable[[], bool], what: str, running: asyncio.Task[None], timeout: float = 300
+) -> None:
+    """Wait for `done` while the scheduler runs (its failure is the test's)."""
+    deadline = time.monotonic() + timeout
+    while not done():
+        assert time.monotonic() < deadline, f"{what} did not happen within {timeout:g} s"
+        assert not running.done(), running
+        await asyncio.sleep(0.2)
+
+
+def run_with(scheduler: Scheduler, driver: PoolDriver, steps: Steps) -> None:
+    """The scheduler's loop, running while `steps` act; stopped, and the pool closed, after."""
+
+    async def scenario() -> None:
+        stop = asyncio.Event()
+        running = asyncio.create_task(scheduler.run(stop))
+        try:
+            await steps(running)
+        finally:
+            stop.set()
+            await running
+            await driver.close()
+
+    asyncio.run(scenario())
+
+
+def ended_as(store: Store, ids: Sequence[int], expected: Mapping[int, TaskState]) -> list[Task]:
+    """The tasks, each of which must have ended as `expected` says at its place (else
+    COMPLETED)."""
+    tasks = [store.get(i) for i in ids]
+    wanted = [expected.get(n, TaskState.COMPLETED) for n in range(len(ids))]
+    wrong = [(t.id, t.state, t.reason) for t, w in zip(tasks, wanted, strict=True) if t.state != w]
+    assert not wrong, wrong
+    return tasks
