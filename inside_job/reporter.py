@@ -1,5 +1,7 @@
-"""Best-effort HTTP reports: states, console chunks and scalars sent from byte offsets (so a
-resend is idempotent), and the exit; the files stay the truth, failures only back off."""
+"""Best-effort HTTP reports: the newest state, console chunks and scalars sent from byte offsets
+(so a resend is idempotent), and the exit; the files stay the truth, failures only back off.
+Only `running` and the end are sent at once; what piles up meanwhile goes in the next report,
+so a short task's whole life (setting up, running, done, its exit) takes one or two requests."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ import json
 import os
 import threading
 
+from inside_job.http1 import post
 from inside_job.jobfiles import CONSOLE_FILE, SCALARS_FILE
 
 INTERVAL_S = 0.5
@@ -25,7 +28,7 @@ class Reporter:
         self.scalars_path = os.path.join(job_dir, SCALARS_FILE)
         self.console_offset = 0
         self.scalars_offset = 0
-        self._states: list[dict] = []  # every change is sent, in order, one per request
+        self._states: list[dict] = []  # changes not sent yet: the newest goes in the next report
         self._exit: dict | None = None
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -35,9 +38,12 @@ class Reporter:
         self._thread.start()
 
     def state(self, status: dict) -> None:
+        """A change of state: `running` is sent at once (the server marks the task running);
+        the others go with the next report (`done` with the exit, which close() sends)."""
         with self._lock:
             self._states.append(status)
-        self._wake.set()
+        if status.get("state") == "running":
+            self._wake.set()
 
     def close(self, exit_result: dict | None, deadline_s: float = 5.0) -> None:
         """Send the rest and the exit (if any); gives up after deadline_s so the job can end."""
@@ -60,18 +66,24 @@ class Reporter:
     def _flush(self, final: bool) -> bool:
         """Post until nothing new is left; False at the first failed request."""
         while True:
-            body, console_end, scalars_end = self._next_body(final)
+            body, states, console_end, scalars_end = self._next_body(final)
             if not body:
                 return True
             if not self._post(body):
                 return False
-            self._commit(body, console_end, scalars_end)
+            self._commit(body, states, console_end, scalars_end)
 
-    def _next_body(self, final: bool) -> tuple[dict, int, int]:
+    def _next_body(self, final: bool) -> tuple[dict, int, int, int]:
+        """The next report, how many state changes it stands for, and where the console and
+        scalars it holds end."""
         body: dict = {}
         with self._lock:
-            if self._states:
-                body["state"] = self._states[0]
+            # The newest state (the server needs no earlier one), once it is news the server
+            # acts on: a start, or the end.
+            news = final or any(s.get("state") == "running" for s in self._states)
+            states = len(self._states) if news else 0
+            if states:
+                body["state"] = self._states[-1]
             exit_result = self._exit
         text, console_end = read_console(self.console_path, self.console_offset, final)
         if text:
@@ -82,32 +94,23 @@ class Reporter:
         caught_up = console_end == _size(self.console_path)
         if final and exit_result is not None and caught_up:
             body["exit"] = exit_result
-        return body, console_end, scalars_end
+        return body, states, console_end, scalars_end
 
-    def _commit(self, body: dict, console_end: int, scalars_end: int) -> None:
+    def _commit(self, body: dict, states: int, console_end: int, scalars_end: int) -> None:
         with self._lock:
-            if self._states and self._states[0] is body.get("state"):
-                self._states.pop(0)
+            del self._states[:states]
             if "exit" in body:
                 self._exit = None
         self.console_offset = console_end
         self.scalars_offset = scalars_end
 
     def _post(self, body: dict) -> bool:
-        import urllib.request  # costs ~30 ms: loaded here, off the task's start path
-
-        request = urllib.request.Request(  # noqa: S310 (spec.py admits http and https only)
-            self.endpoint,
-            data=json.dumps(body).encode("utf-8"),
-            method="POST",
-            headers={"Content-Type": "application/json", "Authorization": f"Bearer {self.token}"},
-        )
+        headers = [("Content-Type", "application/json"), ("Authorization", f"Bearer {self.token}")]
         try:
-            with urllib.request.urlopen(request, timeout=TIMEOUT_S) as response:  # noqa: S310
-                response.read()
+            status = post(self.endpoint, json.dumps(body).encode("utf-8"), headers, TIMEOUT_S)
         except (OSError, ValueError):
             return False
-        return True
+        return 200 <= status < 300
 
 
 def read_console(path: str, offset: int, final: bool) -> tuple[str, int]:

@@ -12,6 +12,8 @@ import socket
 import struct
 import threading
 
+from inside_job import http1
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import List, Optional, Sequence, Tuple
@@ -19,7 +21,6 @@ if TYPE_CHECKING:
 GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"  # RFC 6455 section 1.3
 CONTINUATION, TEXT, BINARY, CLOSE, PING, PONG = 0x0, 0x1, 0x2, 0x8, 0x9, 0xA
 MAX_MESSAGE = 64 * 1024 * 1024
-_HEADERS_LIMIT = 64 * 1024
 
 
 class HandshakeError(OSError):
@@ -45,25 +46,6 @@ def accept_key(key: str) -> str:
     ).decode("ascii")
 
 
-def split_url(url: str) -> Tuple[bool, str, int, str]:
-    """(tls, host, port, target) of a ws://, wss://, http:// or https:// URL."""
-    scheme, _, rest = url.partition("://")
-    tls = scheme in ("wss", "https")
-    if scheme not in ("ws", "wss", "http", "https"):
-        raise ValueError(f"not a WebSocket URL: {url}")
-    netloc, slash, path = rest.partition("/")
-    host, port = netloc, 443 if tls else 80
-    if netloc.startswith("["):  # [IPv6]:port
-        end = netloc.index("]")
-        host = netloc[1:end]
-        if netloc[end + 1 :].startswith(":"):
-            port = int(netloc[end + 2 :])
-    elif ":" in netloc:
-        host, port_text = netloc.rsplit(":", 1)
-        port = int(port_text)
-    return tls, host, port, slash + path if slash else "/"
-
-
 class WebSocket:
     """One client connection. send() may be called from several threads; recv() from one."""
 
@@ -82,31 +64,24 @@ class WebSocket:
         subprotocols: Sequence[str] = (),
         timeout: float = 10.0,
     ) -> WebSocket:
-        tls, host, port, target = split_url(url)
-        sock = socket.create_connection((host, port), timeout=timeout)
+        tls, host, port, target = http1.split_url(url)
+        sock = http1.connect(tls, host, port, timeout)
         try:
-            if tls:
-                import ssl
-
-                sock = ssl.create_default_context().wrap_socket(sock, server_hostname=host)
             key = base64.b64encode(os.urandom(16)).decode("ascii")
-            default_port = 443 if tls else 80
-            authority = host if port == default_port else f"{host}:{port}"
-            if ":" in host:
-                authority = f"[{host}]" if port == default_port else f"[{host}]:{port}"
-            lines = [
-                f"GET {target} HTTP/1.1",
-                f"Host: {authority}",
-                "Upgrade: websocket",
-                "Connection: Upgrade",
-                f"Sec-WebSocket-Key: {key}",
-                "Sec-WebSocket-Version: 13",
+            sent = [
+                ("Upgrade", "websocket"),
+                ("Connection", "Upgrade"),
+                ("Sec-WebSocket-Key", key),
+                ("Sec-WebSocket-Version", "13"),
             ]
             if subprotocols:
-                lines.append("Sec-WebSocket-Protocol: " + ", ".join(subprotocols))
-            lines += [f"{name}: {value}" for name, value in headers]
-            sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
-            status, answer, rest = _read_head(sock)
+                sent.append(("Sec-WebSocket-Protocol", ", ".join(subprotocols)))
+            host_header = http1.authority(tls, host, port)
+            sock.sendall(http1.request_head("GET", target, host_header, [*sent, *headers]))
+            try:
+                status, answer, rest = http1.read_head(sock)
+            except http1.BadAnswer as exc:
+                raise HandshakeError(str(exc)) from None
             if status != 101:
                 raise HandshakeError(f"the server answered {status} instead of 101", status)
             if answer.get("sec-websocket-accept") != accept_key(key):
@@ -217,26 +192,3 @@ def _masked(data: bytes, mask: bytes) -> bytes:
     n = len(data)
     key = (mask * (n // 4 + 1))[:n]
     return (int.from_bytes(data, "big") ^ int.from_bytes(key, "big")).to_bytes(n, "big")
-
-
-def _read_head(sock: socket.socket) -> Tuple[int, dict, bytes]:
-    """The HTTP status line and headers of the handshake's answer, and bytes read past them."""
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = sock.recv(4096)
-        if not chunk:
-            raise HandshakeError("the connection closed during the handshake")
-        data += chunk
-        if len(data) > _HEADERS_LIMIT:
-            raise HandshakeError("the handshake's answer is too large")
-    head, _, rest = data.partition(b"\r\n\r\n")
-    lines = head.decode("latin-1").split("\r\n")
-    try:
-        status = int(lines[0].split(" ", 2)[1])
-    except (IndexError, ValueError):
-        raise HandshakeError(f"not an HTTP answer: {lines[0][:80]!r}") from None
-    headers = {}
-    for line in lines[1:]:
-        name, _, value = line.partition(":")
-        headers[name.strip().lower()] = value.strip()
-    return status, headers, rest
