@@ -168,6 +168,7 @@ def test_lsfs_run_limit_warning_reaches_the_task_and_the_run_ends_timed_out(tmp_
     runner.send_signal(signal.SIGINT)  # the grace is over: LSF's kill starts with SIGINT
     runner.send_signal(signal.SIGKILL)
     runner.wait(60)
+    (job / "release").touch()  # LSF would kill the task too; the runner's SIGKILL cannot
     final = read_json(job, "exit.json")
     assert (final["outcome"], final["signal"]) == ("timeout", signal.SIGUSR2)
 

@@ -90,6 +90,10 @@ class Supervisor:
         except BlockingIOError:
             return
         while True:
+            if not os.path.isdir(self.sim.dir):  # a test removed the server's folder
+                for proc in self.children.values():
+                    signal_job(proc.pid, signal.SIGKILL)  # the jobs go with the server
+                return
             now = time.time()
             reaped = {seq: p.returncode for seq, p in self.children.items() if p.poll() is not None}
             due = self.next_due is not None and now >= self.next_due
