@@ -187,10 +187,10 @@ def create_app(scheduler: Scheduler, lifespan: Any = None) -> FastAPI:
             _save_console(task, scheduler, body.console.offset, body.console.text)
         if body.scalars:
             scheduler.store.add_scalars(task.id, [s.model_dump() for s in body.scalars])
-        if body.state is not None and body.state.state in ("running", "done"):
-            scheduler.store.change_state(
-                task.id, TaskState.RUNNING, only_from=[TaskState.SUBMITTED, TaskState.PENDING]
-            )
+        starting = (TaskState.SUBMITTED, TaskState.PENDING)  # a write only where it changes
+        started = body.state is not None and body.state.state in ("running", "done")
+        if started and task.state in starting:
+            scheduler.store.change_state(task.id, TaskState.RUNNING, only_from=starting)
         if body.exit is not None and not task.state.final:
             scheduler.store.update(task.id, claim=body.exit.model_dump())
             scheduler.wake_pool(task.pool)  # the pool confirms at its next look
