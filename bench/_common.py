@@ -88,10 +88,12 @@ def median(values: list[float]) -> float:
     return round(statistics.median(values), 4)
 
 
-def cpu_seconds(pid: int) -> float:
-    """CPU time (user and system) a process has used so far."""
+def cpu_seconds(pid: int, children: bool = False) -> float:
+    """CPU time (user and system) a process has used so far; with `children`, that of its
+    children it has waited for instead."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    first = 13 if children else 11  # utime stime, then cutime cstime (proc(5))
+    return (int(fields[first]) + int(fields[first + 1])) / os.sysconf("SC_CLK_TCK")
 
 
 def last_line(result: dict[str, object]) -> None:

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import peers_slurm as peers
-from _common import klique_server, last_line
+from _common import cpu_seconds, klique_server, last_line
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -32,8 +32,7 @@ def machine_s() -> float:
 
 def process_s(pid: int) -> tuple[float, float]:
     """A process's own CPU time, and its reaped children's."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICK, (int(fields[13]) + int(fields[14])) / TICK
+    return cpu_seconds(pid), cpu_seconds(pid, children=True)
 
 
 def pid_of(name: str) -> int:

@@ -25,6 +25,7 @@ from broker.errors import KliqueError, SubmitError, SubmitUnknown, TransportErro
 from broker.pools.arrays import (
     ARRAY_NAME,
     array_folder,
+    array_folder_named,
     array_name,
     dispatcher,
     elements_of,
@@ -388,11 +389,6 @@ class BatchDriver(PoolDriver):
         array, _, index = native_id.rpartition("_")
         return int(index) if array and index.isdigit() else None
 
-    def dispatcher_of(self, status: NativeStatus) -> str:
-        """Where the dispatcher of the array job this status shows lies: its script's path
-        ("" where the status command shows none)."""
-        return status.script
-
     def batches(self, tasks: Sequence[Task]) -> list[list[Task]]:
         """Each sweep's new tasks together (up to an array's size), the rest BATCH_ITEMS at a
         time."""
@@ -716,7 +712,7 @@ class BatchDriver(PoolDriver):
         scripts: dict[str, list[NativeStatus]] = {}
         for status in self._last.values():
             cancelled = self.STATES.get(status.state) is TaskState.CANCELLED
-            script = self.dispatcher_of(status)
+            script = _dispatcher(status, self.job_root)
             folder = script.removesuffix("/job.sh")
             ours = is_array_folder(folder, self.job_root) and array_name(folder) == status.name
             if ours and not cancelled:
@@ -1040,6 +1036,17 @@ class BatchDriver(PoolDriver):
 def _signalled(doc: Mapping[str, Any]) -> bool:
     """The runner saw only a signal: the scheduler's record says who sent it."""
     return doc.get("outcome") not in (*RUNNER_OUTCOMES, PREEMPTED_MARKER)
+
+
+def _dispatcher(status: NativeStatus, job_root: str) -> str:
+    """Where the dispatcher of the array job a status shows lies: the script the status command
+    shows (Slurm's squeue, PBS's Submit_arguments); where it shows none (LSF's bsub reads it on
+    its stdin), the folder the array's name names in the job root, for a record that names its
+    owner: `_array_elements` takes only that owner's elements, where it owns the folder."""
+    if status.script or not status.user:
+        return status.script
+    folder = array_folder_named(job_root, status.name)
+    return f"{folder}/job.sh" if folder else ""
 
 
 def _but_runner(files: Mapping[str, tuple[bytes, int]]) -> dict[str, tuple[bytes, int]]:

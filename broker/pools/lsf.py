@@ -15,7 +15,6 @@ from markupsafe import Markup
 
 from broker.domain import Profile, Task, TaskState
 from broker.errors import SubmitError, TransportError
-from broker.pools.arrays import array_folder_named
 from broker.pools.batch import BatchDriver, NativeStatus, unreadable
 from broker.pools.registry import PoolKindSpec
 from broker.pools.settings import BatchSettings
@@ -180,15 +179,6 @@ class LsfDriver(BatchDriver):
     def element_index(self, native_id: str) -> int | None:
         match = _ELEMENT_ID.fullmatch(native_id)
         return int(match[2]) if match else None
-
-    def dispatcher_of(self, status: NativeStatus) -> str:
-        """bsub reads the script on its stdin, so bjobs shows no path to it: an array job's
-        name names its folder in the pool's job root (arrays.array_name), and the dispatcher
-        lies there. Only a record that names its owner counts: the base reads the dispatcher
-        as the task's account, takes only that account's elements, and only where it owns
-        the folder."""
-        folder = array_folder_named(self.job_root, status.name) if status.user else None
-        return f"{folder}/job.sh" if folder else ""
 
     def node_launch(self, profile: Profile) -> Markup:
         """blaunch(1) -z HOSTS: one runner on each of the job's hosts, which LSB_MCPU_HOSTS

@@ -13,7 +13,6 @@ from markupsafe import Markup
 
 from broker.domain import Pool, Profile, Task, TaskState
 from broker.errors import KliqueError, SubmitError, TransportError
-from broker.pools.arrays import array_folder_named
 from broker.pools.base import Context, Observation
 from broker.pools.batch import BatchDriver, NativeStatus, unreadable, walltime_hms
 from broker.pools.pbs_json import job_records
@@ -237,15 +236,6 @@ class PbsDriver(BatchDriver):
     def element_index(self, native_id: str) -> int | None:
         match = _SUBJOB_ID.fullmatch(native_id)
         return int(match[2]) if match else None
-
-    def dispatcher_of(self, status: NativeStatus) -> str:
-        """The script qsub was given (Submit_arguments), else the array folder the array's
-        name names: the base believes it only where the job's owner is the task's account
-        and the account owns that folder."""
-        if status.script or not status.user:
-            return status.script
-        folder = array_folder_named(self.job_root, status.name)
-        return f"{folder}/job.sh" if folder else ""
 
     def submit_argv(self, script: str) -> list[str]:
         return ["qsub", script]

@@ -23,7 +23,7 @@ import re
 import sys
 
 from .common import CommandError, fail, invoking_user, parse_size, scan_directives
-from .state import Sim, allocate_id, array_elements, beyond_host, host_names, new_job
+from .state import Sim, allocate_id, array_element, beyond_host, host_names, new_job
 from .supervisor import ensure_supervisor
 
 WITH_VALUE = {
@@ -331,7 +331,7 @@ def submit(argv: list[str]) -> tuple[Sim, int, str, bool]:
         # An array is only its elements: bjobs shows each on its own line, none for the array.
         elements = [job]
         if array is not None:
-            elements = [e for i in array[1] for e in array_elements(data, job, i, i)]
+            elements = [array_element(data, job, index) for index in array[1]]
         for element in elements:
             index = element["array"]["index"] if element.get("array") else 0
             if index:

@@ -20,7 +20,7 @@ PBS Professional 2022 User's Guide, "Job Arrays", and Reference Guide, qsub(1B) 
     a finished one is refused with PBSE_NOHISTARRAYSUBJOB "Request invalid for finished
     array subjob" (15159 & 0xff = 55); `qdel N[]` deletes every subjob.
 The array's own record is never stored: it is built from its subjobs, each a job record of
-its own (state.array_elements) that the scheduler and the supervisor run as any job.
+its own (state.array_element) that the scheduler and the supervisor run as any job.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ import sys
 
 from . import pbs_arrays, pbs_resources
 from .common import CommandError, fail, invoking_user, scan_directives, short_host
-from .state import Sim, allocate_id, array_elements, beyond_host, host_names, new_job
+from .state import Sim, allocate_id, array_element, beyond_host, host_names, new_job
 from .supervisor import ensure_supervisor
 
 WITH_VALUE = {"pbspro": set("aAcCeJjklmMNopPqrRSuvW"), "torque": set("aAbcCdDeFjklmMNopPqrSutvwW")}
@@ -299,7 +299,7 @@ def _submit_array(sim: Sim, data: dict, job: dict, indices: list[int], how: tupl
     executable, text, settings, user, variables = how
     script = text if executable is None else None
     for index in indices:
-        [element] = array_elements(data, job, index, index)
+        element = array_element(data, job, index)
         for stream, flag in (("stdout", "o"), ("stderr", "e")):
             path = element[stream].replace("^array_index^", str(index))
             element[stream] = path if settings.get(flag) else f"{path}.{index}"

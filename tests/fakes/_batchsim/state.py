@@ -205,16 +205,17 @@ def allocate_id(data: dict) -> int:
     return seq
 
 
-def array_elements(data: dict, job: dict, first: int, last: int) -> list[dict]:
-    """An array job's elements (PBS Professional `qsub -J first-last`, LSF `bsub -J
-    "name[first-last]"`): one record each, a copy of the array's `job` with {"id": the array's
-    id, "index": its own} under "array", and an id of its own taken after the array's, which no
-    command shows (the name of the element's folder under jobs/ and the supervisor's key).
-    The supervisor runs each element as a job; the commands show it by `shown_id`."""
-    return [
-        {**copy.deepcopy(job), "id": allocate_id(data), "array": {"id": job["id"], "index": i}}
-        for i in range(first, last + 1)
-    ]
+def array_element(data: dict, job: dict, index: int) -> dict:
+    """One element of an array job (PBS Professional `qsub -J`, LSF `bsub -J "name[list]"`):
+    a copy of the array's `job` with {"id": the array's id, "index": its own} under "array",
+    and an id of its own taken after the array's, which no command shows (the name of the
+    element's folder under jobs/ and the supervisor's key). The supervisor runs each element
+    as a job; the commands show it by `shown_id`."""
+    return {
+        **copy.deepcopy(job),
+        "id": allocate_id(data),
+        "array": {"id": job["id"], "index": index},
+    }
 
 
 def shown_id(job: dict) -> str:
