@@ -1,7 +1,8 @@
 """Best-effort HTTP reports: the newest state, console chunks and scalars sent from byte offsets
 (so a resend is idempotent), and the exit; the files stay the truth, failures only back off.
-Only `running` and the end are sent at once; what piles up meanwhile goes in the next report,
-so a short task's whole life (setting up, running, done, its exit) takes one or two requests."""
+Only the end is sent at once; what piles up meanwhile (a start among it) goes in the next
+report, every INTERVAL_S, so a task shorter than that takes one request for its whole life:
+setting up, running, done and its exit."""
 
 from __future__ import annotations
 
@@ -38,12 +39,10 @@ class Reporter:
         self._thread.start()
 
     def state(self, status: dict) -> None:
-        """A change of state: `running` is sent at once (the server marks the task running);
-        the others go with the next report (`done` with the exit, which close() sends)."""
+        """A change of state, sent with the next report (`done` with the exit, which close()
+        sends at once)."""
         with self._lock:
             self._states.append(status)
-        if status.get("state") == "running":
-            self._wake.set()
 
     def close(self, exit_result: dict | None, deadline_s: float = 5.0) -> None:
         """Send the rest and the exit (if any); gives up after deadline_s so the job can end."""

@@ -19,7 +19,7 @@ from broker.api.auth import bearer
 from broker.domain import Task, TaskState
 from broker.errors import NotFound, NotPermitted
 from broker.names import LINE, NAME
-from broker.scheduler.link import HOLDING, Accepted, Attempt
+from broker.scheduler.link import Accepted, Attempt
 from broker.scheduler.loop import Scheduler
 from broker.scheduler.wire import (
     observation_from_json,
@@ -133,7 +133,7 @@ def agent_router(scheduler: Scheduler, admin_only: Callable[..., Any]) -> APIRou
     ) -> list[dict[str, Any]]:
         """The pool's tasks: placed, submitted, pending, running; with their intents."""
         may_serve(pool, pools)
-        return [task_to_json(t) for t in store.tasks(states=HOLDING, pool=pool)]
+        return [task_to_json(t) for t in scheduler.link.held.current(pool)]
 
     @router.post("/agent/pools/{pool}/calls")
     async def pool_calls(

@@ -12,7 +12,7 @@ from pydantic import BaseModel
 
 from broker.api import artifacts, sdk, sweeps
 from broker.api.agents import agent_router
-from broker.api.auth import Auth, Caller, bearer, owned_task, report_token_valid
+from broker.api.auth import Auth, Caller, bearer, owned_task, reporting_task
 from broker.api.create import new_task, spec_of
 from broker.api.identity import identity_router
 from broker.api.limits import BodyLimit
@@ -180,19 +180,26 @@ def create_app(scheduler: Scheduler, lifespan: Any = None) -> FastAPI:
     ) -> dict[str, bool]:
         """What a task's runner says: state, console, scalars, its end. The end is a claim: the
         task becomes final only when its pool sees the job gone (see SECURITY.md)."""
-        if not report_token_valid(scheduler.store, task_id, bearer(authorization)):
+        store = scheduler.store
+        task = reporting_task(store, task_id, bearer(authorization))
+        if task is None:
             raise HTTPException(401, "not a valid report token for this task")
-        task = scheduler.store.get(task_id)
         if body.console is not None:
             _save_console(task, scheduler, body.console.offset, body.console.text)
         if body.scalars:
-            scheduler.store.add_scalars(task.id, [s.model_dump() for s in body.scalars])
-        starting = (TaskState.SUBMITTED, TaskState.PENDING)  # a write only where it changes
-        started = body.state is not None and body.state.state in ("running", "done")
-        if started and task.state in starting:
-            scheduler.store.change_state(task.id, TaskState.RUNNING, only_from=starting)
+            store.add_scalars(task.id, [s.model_dump() for s in body.scalars])
+        # One write at most: the start and the claimed end together, where both are news.
+        claim: dict[str, Any] = {}
         if body.exit is not None and not task.state.final:
-            scheduler.store.update(task.id, claim=body.exit.model_dump())
+            claim["claim"] = body.exit.model_dump()
+        starting = (TaskState.SUBMITTED, TaskState.PENDING)
+        started = body.state is not None and body.state.state in ("running", "done")
+        moved = None
+        if started and task.state in starting:
+            moved = store.change_state(task.id, TaskState.RUNNING, only_from=starting, **claim)
+        if claim and moved is None:  # already running (or moved on meanwhile)
+            store.update(task.id, **claim)
+        if claim:
             scheduler.wake_pool(task.pool)  # the pool confirms at its next look
         return {"ok": True}
 

@@ -31,6 +31,7 @@ __all__ = [
     "caller_of",
     "owned_task",
     "report_token_valid",
+    "reporting_task",
     "scheduler_of",
 ]
 
@@ -145,7 +146,17 @@ ActorAuth = Annotated[Actor, Depends(actor)]
 def report_token_valid(store: Store, task_id: int, token: str) -> bool:
     """Whether token is the current attempt's report token of the task. Unknown tasks and wrong
     tokens take the same work and give the same answer."""
-    expected = store.report_digest(task_id) or ""
+    return _same_token(token, store.report_digest(task_id) or "")
+
+
+def reporting_task(store: Store, task_id: int, token: str) -> Task | None:
+    """The task whose current attempt's report token this is, read once; None for an unknown
+    task or another token, alike (report_token_valid)."""
+    task, expected = store.reported(task_id)
+    return task if _same_token(token, expected) else None
+
+
+def _same_token(token: str, expected: str) -> bool:
     same = hmac.compare_digest(token_digest(token), expected or _NO_TASK)
     return same and bool(expected)
 

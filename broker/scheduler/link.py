@@ -13,6 +13,7 @@ from typing import NamedTuple, Protocol
 
 from broker.domain import Estate, Task, TaskState, can_transition
 from broker.pools.base import Observation
+from broker.scheduler.held import HeldTasks
 from broker.scheduler.placement import PoolState
 from broker.store.repository import Store
 
@@ -78,9 +79,10 @@ class StoreLink:
     def __init__(self, store: Store, estate: Estate) -> None:
         self.store = store
         self.estate = estate
+        self.held = HeldTasks(store, HOLDING)  # what the pools' looks and the cycles read
 
     async def holding(self, pool: str) -> list[Task]:
-        return await asyncio.to_thread(self.store.tasks, states=HOLDING, pool=pool)
+        return await asyncio.to_thread(self.held.current, pool)
 
     async def begin(self, attempts: Sequence[Attempt]) -> list[Task | None]:
         fields = {a.task.id: {"job_dir": a.job_dir, "report_digest": a.digest} for a in attempts}

@@ -169,7 +169,7 @@ class Scheduler:
 
     async def cycle(self) -> None:
         queued = await asyncio.to_thread(self.queue.current)
-        holding = await asyncio.to_thread(self.store.tasks, states=HOLDING)
+        holding = await asyncio.to_thread(self.link.held.current)
         self.pool_states = self.snapshots()
         await self._place(queued, holding)
         self.cycles += 1

@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass, field
 
 from broker.scheduler.model import QueuedTask
+from broker.store.changes import ChangeReader
 from broker.store.repository import QueuedRow, Store
 
 FULL_EVERY_S = 300.0  # a full read even when the store says what changed
@@ -21,10 +22,14 @@ class QueueCache:
     tasks: dict[int, QueuedTask] = field(default_factory=dict)
     attempts: dict[int, int] = field(default_factory=dict)  # each task's attempts so far
     full_at: float = 0.0  # when everything was last read (monotonic)
+    changes: ChangeReader = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.changes = self.store.changes.reader()
 
     def current(self) -> list[QueuedTask]:
         """The queued tasks now. Blocking: call it from a thread."""
-        changed = self.store.changes.take()  # before reading: a later change shows next time
+        changed = self.changes.take()  # before reading: a later change shows next time
         now = time.monotonic()
         if changed is None or now - self.full_at >= self.full_every_s:
             self.tasks, self.attempts = {}, {}

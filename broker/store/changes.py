@@ -1,5 +1,6 @@
-"""Which tasks this process's store has changed since the scheduler last asked, so that a
-placement cycle reads only those instead of every queued task.
+"""Which tasks this process's store has changed since each of the scheduler's caches last asked,
+so that a placement cycle or a pool's look reads only those instead of every queued or held
+task.
 
 The server is the only writer of its store (remote agents report through its API), and every
 write goes through `Store._tx`: a session hook notes the task rows each transaction flushes,
@@ -23,16 +24,37 @@ _MOST = 1_000_000  # beyond this many unread changes, the reader reloads everyth
 
 
 class Changes:
+    """Hands each reader (the queue, the held tasks) the ids written since its last take."""
+
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._ids: set[int] | None = None  # None: not known (at start) -> reload everything
+        self._readers: list[ChangeReader] = []
+
+    def reader(self) -> ChangeReader:
+        """A new reader; its first take says nothing is known (read everything)."""
+        reader = ChangeReader(self._lock)
+        with self._lock:
+            self._readers.append(reader)
+        return reader
 
     def add(self, ids: Iterable[int]) -> None:
+        ids = set(ids)
         with self._lock:
-            if self._ids is not None:
-                self._ids.update(ids)
-                if len(self._ids) > _MOST:
-                    self._ids = None
+            for reader in self._readers:
+                reader.note(ids)
+
+
+class ChangeReader:
+    def __init__(self, lock: threading.Lock) -> None:
+        self._lock = lock  # its Changes' own
+        self._ids: set[int] | None = None  # None: not known (at start) -> reload everything
+
+    def note(self, ids: set[int]) -> None:
+        """Called by Changes.add, under the lock."""
+        if self._ids is not None:
+            self._ids.update(ids)
+            if len(self._ids) > _MOST:
+                self._ids = None
 
     def take(self) -> set[int] | None:
         """The ids changed since the last take; None when unknown (read everything)."""

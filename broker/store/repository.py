@@ -402,6 +402,13 @@ class Store(RecordMethods):
         with self._sessions() as session:
             return session.scalar(select(TaskRow.report_digest).where(TaskRow.id == task_id))
 
+    def reported(self, task_id: int) -> tuple[Task | None, str]:
+        """A task as its runner's report finds it and its report token's digest, in one read;
+        (None, "") for an unknown task."""
+        with self._sessions() as session:
+            row = session.get(TaskRow, task_id)
+            return (None, "") if row is None else (_task(row), row.report_digest or "")
+
     def update(self, task_id: int, **fields: Any) -> Task:
         """Set fields other than the state (native id, job dir, reason)."""
         changed = self.update_many({task_id: fields})

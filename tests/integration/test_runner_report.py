@@ -5,7 +5,15 @@ from __future__ import annotations
 import socket
 import sys
 
-from runner_helpers import ReportSink, console, make_job, read_json, run_runner
+from runner_helpers import (
+    ReportSink,
+    console,
+    make_job,
+    read_json,
+    run_runner,
+    start_runner,
+    wait_for,
+)
 
 TASK = (
     "from inside_job import report\n"
@@ -73,8 +81,8 @@ def test_an_api_that_answers_errors_does_not_fail_the_task(tmp_path):
 
 
 def test_a_short_tasks_whole_life_takes_few_reports(tmp_path):
-    """Setting up, running, done and the exit of a task that ends at once: `running` goes at
-    once, the rest with the exit (or all of it in one report, if the end came first)."""
+    """Setting up, running, done and the exit of a task that ends at once go in one report
+    (two, where the machine is so slow that the runner's timer fires before the end)."""
     sink = ReportSink()
     try:
         job = make_job(tmp_path, command=["true"], report={"url": sink.url, "token": "t"})
@@ -84,3 +92,26 @@ def test_a_short_tasks_whole_life_takes_few_reports(tmp_path):
     assert 1 <= len(sink.posts) <= 2, sink.posts
     assert sink.states()[-1] == "done"
     assert [p["exit"] for p in sink.posts if "exit" in p] == [read_json(job, "exit.json")]
+
+
+def test_a_long_tasks_start_reaches_the_server_while_it_runs(tmp_path):
+    """`running` goes with the next timer report, before the end: a task that waits for a file
+    shows as running before the file is there."""
+    sink = ReportSink()
+    release = tmp_path / "release"
+    waits = f"import os, time\nwhile not os.path.exists({str(release)!r}):\n    time.sleep(0.05)\n"
+    job = make_job(
+        tmp_path, command=[sys.executable, "-c", waits], report={"url": sink.url, "token": "t"}
+    )
+    runner = start_runner(job)
+    try:
+        wait_for(lambda: "running" in sink.states(), what="the running report")
+        assert not any("exit" in p for p in sink.posts)
+        release.touch()
+        assert runner.wait(timeout=60) == 0
+    finally:
+        release.touch()
+        runner.kill()
+        runner.wait()
+        sink.close()
+    assert sink.states()[-1] == "done"
