@@ -93,8 +93,12 @@ class HttpLink:
         ]
         return [bool(kept) for kept in await self._calls(calls)]
 
-    async def observed(self, task: Task, seen: Observation) -> None:
-        await self._call("observed", task_id=task.id, observation=observation_to_json(seen))
+    async def observed(self, news: Sequence[tuple[Task, Observation]]) -> None:
+        calls = [
+            {"op": "observed", "task_id": task.id, "observation": observation_to_json(seen)}
+            for task, seen in news
+        ]
+        await self._calls(calls)
 
     async def requeue(
         self, task: Task, reason: str, *, skip: bool, only_from: Sequence[TaskState]

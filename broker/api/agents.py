@@ -141,13 +141,13 @@ def agent_router(scheduler: Scheduler, admin_only: Callable[..., Any]) -> APIRou
         body: AgentCalls,
         pools: list[str] = Depends(agent_pools),  # noqa: B008
     ) -> dict[str, list[Any]]:
-        """The agent's reports, in order; one result each. A batch's attempts (begin) and
-        accepted jobs (submitted) in a row are recorded together, in one transaction."""
+        """The agent's reports, in order; one result each. A batch's attempts (begin), accepted
+        jobs (submitted) and a look's observations (observed) in a row are recorded together."""
         may_serve(pool, pools)
         results: list[Any] = []
         for op, run in itertools.groupby(body.calls, key=lambda call: call.op):
             calls = list(run)
-            if op in ("begin", "submitted"):
+            if op in ("begin", "submitted", "observed"):
                 results += await _apply_batch(pool, op, calls)
             else:
                 results += [await _apply(pool, call) for call in calls]
@@ -170,6 +170,14 @@ def agent_router(scheduler: Scheduler, admin_only: Callable[..., Any]) -> APIRou
         pairs = list(zip(tasks, calls, strict=True))
         if op == "submitted":
             return await link.submitted([Accepted(t, c.native_id, c.job_dir) for t, c in pairs])
+        if op == "observed":
+            seen = [c.observation.model_dump() for c in calls if c.observation is not None]
+            if len(seen) < len(calls):
+                raise HTTPException(422, "observed needs observation")
+            await link.observed(
+                [(t, observation_from_json(s)) for t, s in zip(tasks, seen, strict=True)]
+            )
+            return [None] * len(calls)
         if any(call.job_dir is None or call.digest is None for call in calls):
             raise HTTPException(422, "begin needs job_dir and digest")
         attempts = [Attempt(t, str(c.job_dir), str(c.digest)) for t, c in pairs]
@@ -184,10 +192,7 @@ def agent_router(scheduler: Scheduler, admin_only: Callable[..., Any]) -> APIRou
             remote.seen = time.time()
             return None
         [task] = await _pool_tasks(pool, [call])
-        if call.op == "observed" and call.observation is not None:
-            seen = observation_from_json(call.observation.model_dump())
-            await link.observed(task, seen)
-        elif call.op == "requeue":
+        if call.op == "requeue":
             await link.requeue(task, call.reason, skip=call.skip, only_from=call.only_from)
         elif call.op == "refused":
             await link.refused(task, call.reason)

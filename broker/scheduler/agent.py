@@ -128,8 +128,7 @@ class PoolAgent:
         news = await self.driver.poll(followed)
         crash_point("after_poll")
         by_id = {t.id: t for t in followed}
-        for task_id, seen in news.items():
-            await self.link.observed(by_id[task_id], seen)
+        await self.link.observed([(by_id[task_id], seen) for task_id, seen in news.items()])
         active = [t for t in tasks if t.state in ACTIVE]
         state = await self.driver.capacity(active)
         if state.reachable:

@@ -15,7 +15,7 @@ from broker.domain import Estate, Task, TaskState, can_transition
 from broker.pools.base import Observation
 from broker.scheduler.held import HeldTasks
 from broker.scheduler.placement import PoolState
-from broker.store.repository import Store
+from broker.store.repository import Move, Store
 
 ACTIVE = (TaskState.SUBMITTED, TaskState.PENDING, TaskState.RUNNING)
 HOLDING = (TaskState.PLACED, *ACTIVE)
@@ -52,7 +52,8 @@ class ControlPlane(Protocol):
         """The pool accepted a batch's jobs, recorded at once; False for a task cancelled
         meanwhile (cancel its job)."""
 
-    async def observed(self, task: Task, seen: Observation) -> None: ...
+    async def observed(self, news: Sequence[tuple[Task, Observation]]) -> None:
+        """What a look at the pool saw of its tasks, recorded together."""
 
     async def requeue(
         self, task: Task, reason: str, *, skip: bool, only_from: Sequence[TaskState]
@@ -107,26 +108,23 @@ class StoreLink:
         done = await asyncio.to_thread(write)
         return [a.task.id in done for a in accepted]
 
-    async def observed(self, task: Task, seen: Observation) -> None:
-        if task.state is TaskState.PLACED:
-            await self._adopt(task, seen)
-        elif seen.state.final and (seen.retry or self._requeues(task, seen)):
-            await self.requeue(task, f"{seen.reason}; requeued", skip=False, only_from=HOLDING)
-        else:
-            extra = {"exit_code": seen.exit_code} if seen.exit_code is not None else {}
-            # The listing may be older than a runner's own report (pending after running):
-            # only a move the state machine allows from where the task is now is made, and a
-            # running task goes back to pending only when the scheduler requeued its job.
-            moves = [s for s in ACTIVE if _may_move(s, seen)]
-            await asyncio.to_thread(
-                self.store.change_state,
-                task.id,
-                seen.state,
-                seen.reason,
-                only_from=moves,
-                charged=seen.charged,
-                **extra,
-            )
+    async def observed(self, news: Sequence[tuple[Task, Observation]]) -> None:
+        moves = []
+        for task, seen in news:
+            if task.state is TaskState.PLACED:
+                await self._adopt(task, seen)
+            elif seen.state.final and (seen.retry or self._requeues(task, seen)):
+                reason = f"{seen.reason}; requeued"
+                await self.requeue(task, reason, skip=False, only_from=HOLDING)
+            else:
+                extra = {"exit_code": seen.exit_code} if seen.exit_code is not None else {}
+                # The listing may be older than a runner's own report (pending after running):
+                # only a move the state machine allows from where the task is now is made, and
+                # a running task goes back to pending only when the scheduler requeued its job.
+                only_from = [s for s in ACTIVE if _may_move(s, seen)]
+                moves.append(Move(task.id, seen.state, seen.reason, only_from, seen.charged, extra))
+        if moves:
+            await asyncio.to_thread(self.store.move_each, moves)
 
     async def _adopt(self, task: Task, seen: Observation) -> None:
         """A placed task whose submission's outcome was unknown: found, or safe to resubmit."""

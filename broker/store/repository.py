@@ -42,6 +42,17 @@ from broker.store.tables import (
 )
 
 
+class Move(NamedTuple):
+    """One task's change of state, as change_state makes it (Store.move_each makes many)."""
+
+    task_id: int
+    new: TaskState
+    reason: str | None = None
+    only_from: Sequence[TaskState] | None = None
+    charged: bool = True
+    fields: Mapping[str, Any] | None = None
+
+
 class QueuedRow(NamedTuple):
     """A queued task as placement sees it."""
 
@@ -73,6 +84,7 @@ def default_url(home: Path) -> str:
     return f"sqlite:///{home / 'klique.db'}"
 
 
+MOVES_AT_ONCE = 200  # move_each's transactions: the write lock is held for one at a time
 _WRITER = "klique_writer"  # an execution option: this transaction will write
 
 
@@ -349,6 +361,25 @@ class Store(RecordMethods):
                 done = self._change(session, row, new, reason, only_from, True, own, now)
                 if done is not None:
                     changed.append(done)
+        return changed
+
+    def move_each(self, moves: Sequence[Move]) -> list[Task | None]:
+        """change_state for many tasks, each its own move, in transactions of MOVES_AT_ONCE
+        (a pool's look at many jobs): each the changed task, or None where nothing changed
+        (a task not in its `only_from`, or no more)."""
+        now = time.time()
+        changed: list[Task | None] = []
+        for start in range(0, len(moves), MOVES_AT_ONCE):
+            chunk = moves[start : start + MOVES_AT_ONCE]
+            with self._tx() as session:
+                query = select(TaskRow).where(TaskRow.id.in_([m.task_id for m in chunk]))
+                query = query.order_by(TaskRow.id).with_for_update()  # locked in one order
+                rows = {row.id: row for row in session.scalars(query)}
+                for move in chunk:
+                    row = rows.get(move.task_id)
+                    fields = dict(move.fields or {})
+                    args = (move.new, move.reason, move.only_from, move.charged, fields, now)
+                    changed.append(None if row is None else self._change(session, row, *args))
         return changed
 
     def _change(

@@ -144,9 +144,11 @@ def test_a_listing_older_than_the_runners_own_report_is_ignored(tmp_path: Path) 
         seen_by_the_cycle = store.get(task.id)
         store.change_state(task.id, TaskState.RUNNING)  # the runner's report, meanwhile
         link = StoreLink(store, estate)
-        asyncio.run(link.observed(seen_by_the_cycle, Observation(TaskState.PENDING, "pending")))
+        asyncio.run(link.observed([(seen_by_the_cycle, Observation(TaskState.PENDING, "pending"))]))
         assert store.get(task.id).state is TaskState.RUNNING
-        asyncio.run(link.observed(seen_by_the_cycle, Observation(TaskState.COMPLETED, "done", 0)))
+        asyncio.run(
+            link.observed([(seen_by_the_cycle, Observation(TaskState.COMPLETED, "done", 0))])
+        )
         assert store.get(task.id).state is TaskState.COMPLETED
     finally:
         store.close()

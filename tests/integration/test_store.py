@@ -9,7 +9,8 @@ import sqlalchemy
 
 from broker.domain import TaskSpec, TaskState
 from broker.errors import IllegalTransition, NotFound
-from broker.store.repository import Store, normalise_url
+from broker.store import repository
+from broker.store.repository import Move, Store, normalise_url
 
 S = TaskState
 
@@ -74,6 +75,35 @@ def test_only_from_guards_against_races(store):
     store.change_state(task.id, S.CANCELLED, "by owner")
     assert store.change_state(task.id, S.PLACED, only_from=[S.QUEUED], pool="x") is None
     assert store.get(task.id).state is S.CANCELLED
+
+
+def test_a_looks_moves_are_each_their_own_and_guarded(store, monkeypatch):
+    """move_each: every task its own move, reason and fields, in chunks of transactions; a task
+    not in its move's only_from, or not there, is left alone (None)."""
+    monkeypatch.setattr(repository, "MOVES_AT_ONCE", 2)
+    made = [store.create_task(spec(), "alice", None) for _ in range(4)]
+    a, b, c, d = (t.id for t in made)
+    placed = {i: {"pool": "p"} for i in (a, b, c)}
+    store.change_states(list(placed), S.PLACED, "", [S.QUEUED], placed)
+    store.change_states([a, b, c], S.SUBMITTED, "", [S.PLACED])
+    moves = [
+        Move(a, S.RUNNING, "R"),
+        Move(b, S.COMPLETED, "done", [S.SUBMITTED], fields={"exit_code": 0}),
+        Move(d, S.RUNNING, "R", [S.SUBMITTED]),  # still queued
+        Move(c, S.FAILED, "exit 3", [S.RUNNING], fields={"exit_code": 3}),  # not running
+        Move(10**6, S.RUNNING),  # no such task
+    ]
+    changed = store.move_each(moves)
+    assert [t and (t.id, t.state) for t in changed] == [
+        (a, S.RUNNING),
+        (b, S.COMPLETED),
+        None,
+        None,
+        None,
+    ]
+    assert store.get(b).exit_code == 0 and store.get(b).reason == "done"
+    assert [store.get(i).state for i in (c, d)] == [S.SUBMITTED, S.QUEUED]
+    assert store.events(a)[-1]["reason"] == "R" and store.events(d)[-1]["to"] == "queued"
 
 
 def test_concurrent_writers_one_wins(store):

@@ -167,7 +167,7 @@ def test_the_ledger_charges_only_the_running_phase(store):
     ]
     runs_after = []
     for seen in phases:
-        asyncio.run(link.observed(store.get(task.id), seen))
+        asyncio.run(link.observed([(store.get(task.id), seen)]))
         runs = store.ledger()
         runs_after.append((len(runs), sum(r.end is None for r in runs)))
     # booting: nothing; running: one open run; suspended: closed; running again: a second
@@ -181,7 +181,7 @@ def test_a_boot_failure_puts_the_task_back_in_the_queue(store):
     link = StoreLink(store, estate)
     task = placed_task(store, estate)
     seen = Observation(TaskState.LOST, "its node failed to boot; the job never ran", retry=True)
-    asyncio.run(link.observed(store.get(task.id), seen))
+    asyncio.run(link.observed([(store.get(task.id), seen)]))
     again = store.get(task.id)
     assert again.state is TaskState.QUEUED and again.native_id is None
     assert "never ran; requeued" in again.reason
@@ -267,12 +267,12 @@ def test_the_control_plane_moves_a_running_task_back_only_on_a_requeue(store):
     _, _, estate = slurm_pool(squeue_showing(["RUNNING"]))
     link = StoreLink(store, estate)
     task = placed_task(store, estate)
-    asyncio.run(link.observed(store.get(task.id), Observation(TaskState.RUNNING)))
+    asyncio.run(link.observed([(store.get(task.id), Observation(TaskState.RUNNING))]))
     stale = Observation(TaskState.PENDING, "pending in Slurm's queue")
-    asyncio.run(link.observed(store.get(task.id), stale))
+    asyncio.run(link.observed([(store.get(task.id), stale)]))
     assert store.get(task.id).state is TaskState.RUNNING
     requeued = Observation(TaskState.PENDING, "requeued by slurm (restart 1): x", requeued=True)
-    asyncio.run(link.observed(store.get(task.id), requeued))
+    asyncio.run(link.observed([(store.get(task.id), requeued)]))
     again = store.get(task.id)
     assert (again.state, again.reason) == (TaskState.PENDING, "requeued by slurm (restart 1): x")
     assert [r.end is not None for r in store.ledger()] == [True]  # its run is closed
