@@ -22,9 +22,9 @@ FAKES = ROOT / "tests" / "fakes"
 JOB_PYTHON = "/usr/bin/python3"  # the test accounts cannot read the virtual environment's
 PROGRAMS = {
     "slurm": ("sbatch", "squeue", "scancel"),
-    "pbspro": ("qsub", "qstat", "qdel"),
+    "pbspro": ("qsub", "qstat", "qdel", "qrerun"),
     "torque": ("qsub", "qstat", "qdel"),
-    "lsf": ("bsub", "bjobs", "bkill"),
+    "lsf": ("bsub", "bjobs", "bkill", "brequeue"),
 }
 STATUS_PROGRAM = {"slurm": "squeue", "pbspro": "qstat", "torque": "qstat", "lsf": "bjobs"}
 KIND = {"slurm": "slurm", "pbspro": "pbs", "torque": "pbs", "lsf": "lsf"}

@@ -46,6 +46,21 @@ def scheduler_over(
     return store, driver, Scheduler(store, estate, {"batch": driver}, folder)
 
 
+def runs_twice(record: Path, go: Path) -> tuple[str, ...]:
+    """A command whose first run notes itself in `record` and sleeps, to be requeued; its
+    second run notes itself and ends once `go` exists (the test has seen what it waits for)."""
+    script = (
+        'echo run >>"$1"; [ "$(wc -l <"$1")" -lt 2 ] && exec sleep 600; '
+        'while [ ! -e "$2" ]; do sleep 0.1; done'
+    )
+    return ("sh", "-c", script, "-", str(record), str(go))
+
+
+def runs_of(record: Path) -> int:
+    """How many runs the command of `runs_twice` has noted."""
+    return len(record.read_text().splitlines()) if record.exists() else 0
+
+
 def queue_sweep(
     store: Store, count: int, commands: Mapping[int, Sequence[str]], sweep: str
 ) -> list[int]:

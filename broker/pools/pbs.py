@@ -1,6 +1,7 @@
 """PBS Professional and Torque (the pool's `dialect`): qsub, one `qstat -f` per cycle naming the
 pool's jobs (one per account where the server hides other users' jobs), qdel. A finished job is
-told apart by its exit status, substate and walltime used; the exit file decides."""
+told apart by its exit status, substate and walltime used; the exit file decides. PBS
+Professional's run_count tells a job requeued (qrerun) while it ran."""
 
 from __future__ import annotations
 
@@ -52,6 +53,7 @@ PBS_ENDINGS: dict[str, TaskState] = {
     "ended": TaskState.COMPLETED,
 }
 _FINISHED = ("F", "X", "C")  # PBS Professional F and X, Torque C
+_WAITING = frozenset({"Q", "H", "W", "T"})  # states of a job that waits to run (again)
 
 # PBS Professional Administrator's Guide, "Job Exit Status" (OpenPBS src/include/job.h). The
 # MoM keeps these over the job's own status (catch_child.c). JOB_EXEC_KILL_* came with OpenPBS
@@ -372,9 +374,12 @@ def _status(job_id: str, attrs: Mapping[str, Any], exec_codes: Mapping[int, str]
     name = str(attrs.get("Job_Name", ""))
     status = _int(attrs.get("Exit_status", attrs.get("exit_status")))
     script, user = _script(attrs), str(attrs.get("Job_Owner", "")).split("@")[0]
+    restarts = requeues(state, attrs)
     if state not in _FINISHED:
         comment = str(attrs.get("comment", ""))
-        return NativeStatus(job_id, name, state, comment, script=script, user=user)
+        return NativeStatus(
+            job_id, name, state, comment, script=script, user=user, restarts=restarts
+        )
     if state in ("X", "F") and _SUBJOB_ID.fullmatch(job_id) and "array_index" not in attrs:
         # A PBS Professional subjob without a job of its own (no job history): OpenPBS
         # status_subjob (stat_job.c) shows its array's record in state X, the comment
@@ -387,7 +392,22 @@ def _status(job_id: str, attrs: Mapping[str, Any], exec_codes: Mapping[int, str]
     if end == "walltime" and overran and status not in exec_codes:
         detail += ", walltime used past its limit"
     code = _exit_code(status)
-    return NativeStatus(job_id, name, f"{state}/{end}", detail, code, script=script, user=user)
+    return NativeStatus(
+        job_id, name, f"{state}/{end}", detail, code, script=script, user=user, restarts=restarts
+    )
+
+
+def requeues(state: str, attrs: Mapping[str, Any]) -> int | None:
+    """How often the job was requeued (qrerun, a failed start): PBS Professional's run_count
+    (pbs_job_attributes(7B)) counts the times the job was sent to run (OpenPBS req_runjob.c
+    svr_strtjob2), so a job waiting again after its runs was requeued that many times, and one
+    running or ended once fewer. None where qstat shows no run_count: a job that never ran, a
+    subjob shown through its array, and Torque (its qstat shows start_count, which the TORQUE
+    6.1 guide does not describe as a count of requeues: it is not read)."""
+    runs = _int(attrs.get("run_count"))
+    if runs is None:
+        return None
+    return max(runs - (0 if state in _WAITING else 1), 0)
 
 
 def _script(attrs: Mapping[str, Any]) -> str:

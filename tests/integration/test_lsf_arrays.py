@@ -1,5 +1,6 @@
 """A sweep's tasks on one LSF pool go as one job array (bsub -J "name[1-N]"), and each element
-is followed and cancelled as its own task, on the LSF simulator: its bjobs is the judge."""
+is followed, cancelled and requeued (brequeue) as its own task, on the LSF simulator: its bjobs
+is the judge."""
 
 from __future__ import annotations
 
@@ -18,14 +19,23 @@ from batch_helpers import (
     search_path,
     shared_folder,
 )
-from sweep_helpers import FINAL, ended_as, queue_sweep, run_with, scheduler_over, until
+from sweep_helpers import (
+    FINAL,
+    ended_as,
+    queue_sweep,
+    run_with,
+    runs_of,
+    runs_twice,
+    scheduler_over,
+    until,
+)
 
 from broker.domain import TaskState
 from broker.pools.arrays import array_folder_named
 from broker.pools.lsf import LsfDriver
 
 TASKS = 30
-FAILS, CANCELLED = 2, 17  # places in the sweep
+FAILS, CANCELLED, REQUEUED = 2, 17, TASKS - 1  # places in the sweep
 
 
 @pytest.fixture
@@ -53,21 +63,45 @@ def test_a_sweep_runs_as_one_lsf_job_array_with_each_element_its_own_task(
 ) -> None:
     _folder, job_root = site
     store, driver, scheduler = scheduler_over("lsf", job_root, tmp_path, LsfDriver)
-    ids = queue_sweep(
-        store, TASKS, {FAILS: ("sh", "-c", "exit 3"), CANCELLED: ("sleep", "600")}, "lsf-arrays"
-    )
+    record, go = job_root / "runs", job_root / "go"  # the requeued task's runs, and its end
+    commands = {
+        FAILS: ("sh", "-c", "exit 3"),
+        CANCELLED: ("sleep", "600"),
+        REQUEUED: runs_twice(record, go),
+    }
+    ids = queue_sweep(store, TASKS, commands, "lsf-arrays")
     expected = {FAILS: TaskState.FAILED, CANCELLED: TaskState.CANCELLED}
+    running_then: list[TaskState] = []
 
     async def steps(running: asyncio.Task[None]) -> None:
         long_one = lambda: store.get(ids[CANCELLED]).state is TaskState.RUNNING  # noqa: E731
         await until(long_one, "the long task's start", running)
         await scheduler.cancel(store.get(ids[CANCELLED]))
+        # Requeued once its first run has begun its command and Klique has seen it run.
+        seen_run = lambda: store.get(ids[REQUEUED]).state is TaskState.RUNNING  # noqa: E731
+        await until(lambda: runs_of(record) == 1 and seen_run(), "the first run", running)
+        element = str(store.get(ids[REQUEUED]).native_id)
+        done = await asyncio.to_thread(
+            subprocess.run, ["brequeue", element], capture_output=True, text=True
+        )
+        assert done.stdout == f"Job <{element}> is being requeued \n", done
+        # bjobs shows no count of runs: through the element's second run, and the listings
+        # Klique reads meanwhile, the task stays running (the first run's exit file is not
+        # its end).
+        await until(lambda: runs_of(record) == 2, "the second run", running)
+        calls = driver.status_calls
+        await until(lambda: driver.status_calls >= calls + 2, "two listings", running)
+        running_then.append(store.get(ids[REQUEUED]).state)
+        go.touch()
         ended = lambda: all(store.get(i).state in FINAL for i in ids)  # noqa: E731
         await until(ended, "the end of every task", running)
 
     run_with(scheduler, driver, steps)
     tasks = ended_as(store, ids, expected)
     assert tasks[FAILS].exit_code == 3
+    assert running_then == [TaskState.RUNNING] and runs_of(record) == 2
+    assert tasks[REQUEUED].exit_code == 0
+    assert not [e for e in store.events(ids[REQUEUED]) if e["to"] == "pending"]
 
     # One array, its elements 1..N one per task in the sweep's order, each task's own.
     arrays = {str(t.native_id).partition("[")[0] for t in tasks}

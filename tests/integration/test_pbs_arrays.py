@@ -1,11 +1,12 @@
 """A sweep's tasks on a PBS Professional pool go as one job array (qsub -J), and each subjob is
-followed and cancelled as its own task, on the simulator at the vendor's default settings (no
-job history: a finished array leaves the server) and with job history kept."""
+followed, cancelled and rerun (qrerun) as its own task, on the simulator at the vendor's default
+settings (no job history: a finished array leaves the server) and with job history kept."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,13 +20,22 @@ from batch_helpers import (
     search_path,
     shared_folder,
 )
-from sweep_helpers import FINAL, ended_as, queue_sweep, run_with, scheduler_over, until
+from sweep_helpers import (
+    FINAL,
+    ended_as,
+    queue_sweep,
+    run_with,
+    runs_of,
+    runs_twice,
+    scheduler_over,
+    until,
+)
 
 from broker.domain import TaskState
 from broker.pools.pbs import PbsDriver
 
 TASKS = 30
-FAILS, CANCELLED = 1, TASKS // 2  # places in the sweep
+FAILS, CANCELLED, REQUEUED = 1, TASKS // 2, TASKS - 1  # places in the sweep
 HISTORY = {"KLIQUE_SIM_JOB_HISTORY_ENABLE": "true"}
 
 
@@ -52,7 +62,12 @@ def test_a_sweep_runs_as_one_pbs_job_array_with_each_subjob_its_own_task(
     path = search_path(login_node(folder, "pbspro", open_folder(folder / "sim"), settings=server))
     monkeypatch.setenv("PATH", path)  # the local transport passes it to the pool's accounts
     store, driver, scheduler = scheduler_over("pbspro", job_root, folder, PbsDriver)
-    commands = {FAILS: ("sh", "-c", "exit 3"), CANCELLED: ("sleep", "600")}
+    record, go = job_root / "runs", job_root / "go"  # the rerun task's runs, and its end
+    commands = {
+        FAILS: ("sh", "-c", "exit 3"),
+        CANCELLED: ("sleep", "600"),
+        REQUEUED: runs_twice(record, go),
+    }
     ids = queue_sweep(store, TASKS, commands, "arrays")
     seen_running: dict[str, Any] = {}
 
@@ -65,12 +80,31 @@ def test_a_sweep_runs_as_one_pbs_job_array_with_each_subjob_its_own_task(
         _, seen, _ = await asyncio.to_thread(qstat, path, "-t", array)
         seen_running.update(seen)
         await scheduler.cancel(store.get(ids[CANCELLED]))
+        # Rerun (as root, a PBS manager) once its first run has begun its command and Klique
+        # has seen it run; qrerun answers once the subjob is queued again.
+        seen_run = lambda: store.get(ids[REQUEUED]).state is TaskState.RUNNING  # noqa: E731
+        first_run = lambda: runs_of(record) == 1 and seen_run()  # noqa: E731
+        await until(first_run, "the first run of the task to be rerun", running)
+        argv = ["qrerun", str(store.get(ids[REQUEUED]).native_id)]
+        done = await asyncio.to_thread(subprocess.run, argv, capture_output=True, text=True)
+        assert (done.returncode, done.stderr) == (0, ""), done
+        # The subjob runs again at once (run_count 2): Klique sees it requeued while it runs.
+        back = lambda: any(e["to"] == "pending" for e in store.events(ids[REQUEUED]))  # noqa: E731
+        await until(back, "the rerun task's way back to pending", running)
+        go.touch()
         ended = lambda: all(store.get(i).state in FINAL for i in ids)  # noqa: E731
         await until(ended, "the end of every task", running)
 
     run_with(scheduler, driver, steps)
     tasks = ended_as(store, ids, {FAILS: TaskState.FAILED, CANCELLED: TaskState.CANCELLED})
     assert tasks[FAILS].exit_code == 3
+
+    # The rerun subjob ran again under the same id (run_count 2); Klique saw it go back to
+    # pending, and its second run's exit file decided.
+    assert runs_of(record) == 2
+    back = [e for e in store.events(ids[REQUEUED]) if e["to"] == "pending"]
+    assert any(e["reason"].startswith("requeued by pbs (restart 1)") for e in back), back
+    assert tasks[REQUEUED].exit_code == 0
 
     # One array job (qsub printed N[].server), each subjob one task's, in the sweep's order.
     number, _, server_name = str(tasks[0].native_id).partition("[0]")

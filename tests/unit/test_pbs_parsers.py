@@ -378,6 +378,33 @@ def test_subjobs_with_job_history_show_their_own_exit():
     assert after["1000[3].pbs01"][1:] == ("X/completed", 0)
 
 
+def test_run_count_says_how_often_a_job_was_requeued():
+    """pbs_job_attributes(7B) run_count grows each time the job is sent to run: after qrerun
+    of the array, subjob 1 waits again after one run (one requeue), subjob 0 runs its second
+    run (one requeue); a job that never ran, a subjob shown through its array and Torque,
+    which shows no run_count, say nothing."""
+    rerun = {
+        s.native_id: s
+        for s in parse_qstat_json((PBS / "qstat_t_f_F_json_array_rerun.json").read_text())
+    }
+    assert (rerun["1000[1].pbs01"].state, rerun["1000[1].pbs01"].restarts) == ("Q", 1)
+    assert (rerun["1000[0].pbs01"].state, rerun["1000[0].pbs01"].restarts) == ("R", 1)
+    assert rerun["1000[].pbs01"].restarts is None  # the array's own record: never run itself
+    history = {
+        s.native_id: s.restarts
+        for s in parse_qstat_json((PBS / "qstat_x_t_f_F_json_array_history.json").read_text())
+    }
+    assert history["1000[0].pbs01"] == 0 and history["1000[2].pbs01"] == 0  # ran once
+    assert history["1000[3].pbs01"] is None  # queued, shown through the array
+    ended = {
+        s.native_id: s.restarts
+        for s in parse_qstat_json((PBS / "qstat_t_f_F_json_array.json").read_text())
+    }
+    assert ended["1000[0].pbs01"] is None  # ended, shown through the array
+    torque = parse_qstat_text((TORQUE / "qstat_f.txt").read_text(), TORQUE_EXEC_CODES)
+    assert {s.restarts for s in torque} == {None}
+
+
 def test_a_pbs_pro_sweep_is_one_array_named_once_in_status():
     pbs, _ = driver()
     assert pbs._uses_arrays() and pbs.ARRAY_INDEX == "PBS_ARRAY_INDEX"

@@ -35,6 +35,10 @@ KILL_SEQUENCE = {
     ("torque", "walltime"): [signal.SIGTERM, signal.SIGKILL],
     ("lsf", "cancel"): [signal.SIGINT, signal.SIGTERM, signal.SIGKILL],
     ("lsf", "walltime"): [signal.SIGUSR2, signal.SIGINT, signal.SIGTERM, signal.SIGKILL],
+    # qrerun: the MoM's terminate_job, as for qdel (OpenPBS resmom/requests.c, SIG_RERUN);
+    # brequeue: SIG_KILL_REQUEUE is bkill's SIG_TERM_USER (volclava lsbatch/daemons/sbd.sig.c).
+    ("pbspro", "requeue"): [signal.SIGTERM, signal.SIGKILL],
+    ("lsf", "requeue"): [signal.SIGINT, signal.SIGTERM, signal.SIGKILL],
 }
 
 

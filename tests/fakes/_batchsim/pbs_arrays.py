@@ -73,7 +73,7 @@ def parent_state(subjobs: list[dict]) -> str:
     """Q until a subjob has started, B while any is queued or running, F once all ended."""
     if finished(subjobs):
         return "F"
-    started = any(j["start_time"] for j in subjobs)  # req_runjob.c: the array is BEGUN
+    started = any(j.get("run_count") for j in subjobs)  # req_runjob.c: the array is BEGUN
     return "B" if started else "Q"
 
 
@@ -88,8 +88,11 @@ def subjob_state(job: dict, subjobs: list[dict], history: bool) -> str:
 
 def own_record(job: dict, history: bool) -> bool:
     """Whether the subjob has a job of its own (else it shows through its parent): while it
-    runs, and once it has run where the server keeps job history."""
-    return job["state"] == RUNNING or (history and job["state"] == DONE and bool(job["pid"]))
+    runs, once it has run where the server keeps job history, and queued again after a run
+    (qrerun: force_reque leaves the subjob's job in state Q, get_subjob_and_state finds it)."""
+    requeued = job["state"] == QUEUED and bool(job.get("run_count"))
+    ended = history and job["state"] == DONE and bool(job["pid"])
+    return job["state"] == RUNNING or requeued or ended
 
 
 def _range_text(indices: list[int]) -> str:
@@ -147,6 +150,7 @@ def parent_record(subjobs: list[dict], cfg: dict, now: float, variables: dict) -
         "pending": None,
         "launch_time": None,
         "start_time": min(started) if started else None,
+        "run_count": 0,  # never sent to run itself: its subjobs are (req_runjob.c)
         "end_time": max(j["end_time"] for j in subjobs) if done else None,
         "pid": None,
         "kill": None,

@@ -69,6 +69,8 @@ def _substate(job: dict) -> int:
     """OpenPBS svr_jobfunc.c, a job entering history: 91 (TERMINATED) after qdel, 93 (FAILED)
     for a non-zero exit status, 92 (FINISHED) otherwise."""
     letter = state_letter(job)
+    if letter == "R" and job.get("requeue"):
+        return 60  # JOB_SUBSTATE_RERUN: req_rerunjob2 while the MoM kills the run
     if letter != "F":
         return SUBSTATE[letter]
     if job["kill"] == "cancel":
@@ -118,10 +120,14 @@ def pbspro(job: dict, cfg: dict, now: float, variables: dict) -> dict:
     if comment:
         attrs["comment"] = comment
     attrs["etime"] = ctime(job["submit_time"])
-    if job["start_time"]:
-        attrs["run_count"] = 1
+    if job.get("run_count"):
+        attrs["run_count"] = job["run_count"]  # each time the job was sent to run
     if job["state"] == DONE and pbs_exit_status(job) is not None:
         attrs["Exit_status"] = pbs_exit_status(job)
+    elif job["state"] == QUEUED and job.get("requeued"):
+        # JOB_EXEC_RERUN, which the MoM reported for the killed run: req_jobobit.c sets
+        # Exit_status from it, and force_reque/on_job_rerun requeue the job with it still set.
+        attrs["Exit_status"] = -11
     attrs["Submit_arguments"] = native["submit_args"]
     if job["state"] == DONE:
         attrs["history_timestamp"] = int(job["end_time"])

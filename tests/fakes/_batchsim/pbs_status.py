@@ -72,7 +72,7 @@ class Shown:
         return {**self.job, "shown": self.head, "letter": letter}
 
 
-def _parse(operand: str, cfg: dict) -> tuple[int, str | None] | None:
+def parse_operand(operand: str, cfg: dict) -> tuple[int, str | None] | None:
     """A job id operand: (number, None), or (number, "" or the index) for an array's."""
     head, _, server = operand.partition(".")
     server = server.split("@")[0]
@@ -84,16 +84,16 @@ def _parse(operand: str, cfg: dict) -> tuple[int, str | None] | None:
     return parts
 
 
-def _shown_id(operand: str, cfg: dict) -> str:
+def operand_id(operand: str, cfg: dict) -> str:
     return operand if "." in operand else f"{operand}.{cfg['server']}"
 
 
-def _gone(flavor: str, job: dict, cfg: dict) -> bool:
+def forgotten(flavor: str, job: dict, cfg: dict) -> bool:
     """PBS Professional without job history forgets a job once it has finished."""
     return flavor == "pbspro" and job["state"] == DONE and not cfg["job_history_enable"]
 
 
-def _array_gone(subjobs: list[dict], cfg: dict) -> bool:
+def array_forgotten(subjobs: list[dict], cfg: dict) -> bool:
     """An array leaves the server once every subjob has ended, unless it keeps job history."""
     return pbs_arrays.finished(subjobs) and not cfg["job_history_enable"]
 
@@ -109,7 +109,7 @@ def _listed(flavor: str, job: dict, history: bool) -> bool:
 
 def _array_listed(subjobs: list[dict], cfg: dict, history: bool) -> bool:
     finished = pbs_arrays.finished(subjobs)
-    return (history or not finished) and not _array_gone(subjobs, cfg)
+    return (history or not finished) and not array_forgotten(subjobs, cfg)
 
 
 def _array(subjobs: list[dict], with_subjobs: bool, array_too: bool = True) -> list[Shown]:
@@ -127,7 +127,7 @@ def _select(
     cfg, jobs = data["config"], data["jobs"]
     history = "-x" in flags
     if flavor == "pbspro" and history and not cfg["job_history_enable"]:
-        shown = [_shown_id(o, cfg) if o[:1].isdigit() else o for o in operands] or [""]
+        shown = [operand_id(o, cfg) if o[:1].isdigit() else o for o in operands] or [""]
         return [], [(f"qstat: {HISTORY_OFF} {name}".rstrip(), 0) for name in shown]
     if not operands:
         return _every(flavor, data, None, flags, users), []
@@ -159,7 +159,7 @@ def _every(
             continue
         if subjobs is None and ("-J" in flags or not _listed(flavor, job, history)):
             continue
-        if subjobs is None and _gone(flavor, job, cfg):
+        if subjobs is None and forgotten(flavor, job, cfg):
             continue
         if subjobs is not None and not _array_listed(subjobs, cfg, history):
             continue
@@ -177,15 +177,15 @@ def _every(
 def _one(
     flavor: str, jobs: dict, operand: str, cfg: dict, flags: dict, chosen: list[Shown]
 ) -> tuple[str, int] | None:
-    parsed = _parse(operand, cfg)
-    shown = _shown_id(operand, cfg)
+    parsed = parse_operand(operand, cfg)
+    shown = operand_id(operand, cfg)
     unknown = f"qstat: {'Unknown Job Id Error' if flavor == 'torque' else 'Unknown Job Id'} {shown}"
     history = "-x" in flags
     if parsed is not None and parsed[1] is not None:
         # stat_a_jobidname (req_stat.c): N[] is the array job, N[i] one subjob.
         number, index = parsed
         subjobs = pbs_arrays.arrays(jobs).get(number) if flavor == "pbspro" else None
-        if not subjobs or _array_gone(subjobs, cfg):
+        if not subjobs or array_forgotten(subjobs, cfg):
             return unknown, 153
         if not _visible(subjobs[0], cfg):
             return f"{UNAUTHORIZED[0]} {shown}", UNAUTHORIZED[1]
@@ -200,7 +200,7 @@ def _one(
         chosen.append(Shown(shown_id(match[0]), match[0], tuple(subjobs)))
         return None
     job = jobs.get(str(parsed[0])) if parsed is not None else None
-    if job is None or job.get("array") or _gone(flavor, job, cfg):
+    if job is None or job.get("array") or forgotten(flavor, job, cfg):
         return unknown, 153
     if not _visible(job, cfg):
         return f"{UNAUTHORIZED[0]} {shown}", UNAUTHORIZED[1]
@@ -388,8 +388,8 @@ def qdel_main(flavor: str, argv: list[str]) -> int:
 
 def _delete(flavor: str, data: dict, operand: str, history: bool) -> tuple[str, int]:
     cfg = data["config"]
-    parsed = _parse(operand, cfg)
-    shown = _shown_id(operand, cfg)
+    parsed = parse_operand(operand, cfg)
+    shown = operand_id(operand, cfg)
     if parsed is None:
         if not operand[:1].isdigit():
             return f"qdel: illegally formed job identifier: {operand}", 1
@@ -398,7 +398,7 @@ def _delete(flavor: str, data: dict, operand: str, history: bool) -> tuple[str, 
     if index is not None:
         return _delete_in_array(flavor, data, number, index, shown, history)
     job = data["jobs"].get(str(number))
-    if job is None or job.get("array") or _gone(flavor, job, cfg):
+    if job is None or job.get("array") or forgotten(flavor, job, cfg):
         return f"qdel: Unknown Job Id {shown}", 153
     if os.getuid() not in (0, job["uid"]):
         return f"qdel: Unauthorized Request  {shown}", 159
@@ -432,7 +432,7 @@ def _delete_in_array(
     queued one just expires); an ended subjob is refused (PBSE_NOHISTARRAYSUBJOB), and an
     index outside the array is an invalid request (PBSE_IVALREQ 15004 & 0xff)."""
     subjobs = pbs_arrays.arrays(data["jobs"]).get(number) if flavor == "pbspro" else None
-    if not subjobs or _array_gone(subjobs, data["config"]):
+    if not subjobs or array_forgotten(subjobs, data["config"]):
         return f"qdel: Unknown Job Id {shown}", 153
     if os.getuid() not in (0, subjobs[0]["uid"]):
         return f"qdel: Unauthorized Request  {shown}", 159

@@ -273,6 +273,9 @@ def schedule(data: dict, now: float) -> None:
             start_time=now,
             gpus=free["gpus"][: job["ngpus"]],
             exec_host=cfg["host"],
+            # OpenPBS req_runjob.c svr_strtjob2: the run count grows each time the job is sent
+            # to run (a job requeued and run again shows 2).
+            run_count=job.get("run_count", 0) + 1,
         )
         free["gpus"] = free["gpus"][job["ngpus"] :]
         free["ncpus"] -= job["ncpus"]
@@ -288,6 +291,43 @@ def finish(job: dict, now: float, returncode: int | None) -> None:
         job.update(exit_code=None, signal=-returncode)
     else:
         job.update(exit_code=returncode, signal=None)
+
+
+def requeue(job: dict, held: bool = False) -> None:
+    """Back to the queue after its run was killed (qrerun, brequeue) or, for a finished job,
+    at once (qrerun of an array job, brequeue -d/-e): it keeps its id, submission time and
+    run count, and runs again from the start (PBS Professional Reference Guide, qrerun(1B);
+    IBM Spectrum LSF 10.1 Command Reference, brequeue: PEND, or PSUSP with -H)."""
+    job.update(
+        state=QUEUED,
+        held=held,
+        requeued=job.get("requeued", 0) + 1,
+        requeue=None,
+        start_time=None,
+        launch_time=None,
+        end_time=None,
+        exit_code=None,
+        signal=None,
+        pid=None,
+        daemon_pid=None,
+        gpus=[],
+        exec_host=None,
+        pending=None,
+        kill=None,
+        kill_steps=0,
+        kill_next=None,
+        lost=None,
+    )
+
+
+def ask_requeue(job: dict, now: float, held: bool = False) -> None:
+    """Record a requeue request: a running job's supervisor kills it (the kill sequence of a
+    cancel) and queues it again once it has ended; a job that has not run (or has ended) goes
+    back to the queue at once."""
+    if job["state"] == RUNNING:
+        job["requeue"] = {"time": now, "by": os.getuid(), "held": held}
+    else:
+        requeue(job, held)
 
 
 def host_names(cfg: dict) -> list[str]:

@@ -3,8 +3,8 @@
 qsub/bsub start it (double fork, setsid) when that user has none, so it runs with the
 submitter's uid and gid, as a MoM/sbatchd starts jobs as their owner. It assigns
 resources (for everyone's queued jobs), starts its user's jobs in their own session,
-enforces walltime, carries out cancellations recorded by qdel/bkill, records exit
-statuses, and leaves once its user has nothing queued or running.
+enforces walltime, carries out cancellations recorded by qdel/bkill and requeues recorded by
+qrerun/brequeue, records exit statuses, and leaves once its user has nothing queued or running.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import sys
 import time
 
 from . import flavors
-from .state import DONE, QUEUED, RUNNING, Sim, finish, schedule
+from .state import DONE, QUEUED, RUNNING, Sim, finish, requeue, schedule
 
 POLL_SECONDS = 0.05
 SAFETY_PASS_SECONDS = 1.0
@@ -121,7 +121,10 @@ class Supervisor:
             for seq, code in reaped.items():
                 self.children.pop(seq)
                 job = data["jobs"].get(str(seq))
-                if job and job["state"] != DONE:
+                if job and job["state"] != DONE and _requeued(job):
+                    self._clean(job, cfg)
+                    requeue(job, job["requeue"]["held"])
+                elif job and job["state"] != DONE:
                     finish(job, now, code)
                     self._after(job, cfg)
             schedule(data, now)
@@ -142,6 +145,8 @@ class Supervisor:
         if job["pid"] is None:
             if job["cancel"]:
                 finish(job, now, None)
+            elif job.get("requeue"):
+                requeue(job, job["requeue"]["held"])
             else:
                 self._launch(job, cfg, now)
             return
@@ -150,8 +155,10 @@ class Supervisor:
                 job["lost"] = True
                 finish(job, now, None)
             return
-        if job["cancel"] and not job["kill"]:
-            job.update(kill="cancel", kill_next=now, kill_steps=0)
+        if job["cancel"] and job["kill"] in (None, "requeue"):
+            job.update(kill="cancel", kill_next=now, kill_steps=0)  # a cancel wins
+        elif job.get("requeue") and not job["kill"]:
+            job.update(kill="requeue", kill_next=now, kill_steps=0)
         deadline = None if job["walltime"] is None else flavors.walltime_deadline(job)
         if deadline is not None and not job["kill"]:
             if now >= deadline:
@@ -210,8 +217,8 @@ class Supervisor:
         job["pid"] = proc.pid
         self.children[job["id"]] = proc
 
-    def _after(self, job: dict, cfg: dict) -> None:
-        """Clean up after a job the way the execution host does once it has exited."""
+    def _clean(self, job: dict, cfg: dict) -> dict:
+        """What is left of a run the execution host ends: its processes and its TMPDIR."""
         if job["pid"]:
             signal_job(job["pid"], signal.SIGKILL)
         job_dir = self.sim.job_dir(job["id"])
@@ -219,9 +226,19 @@ class Supervisor:
         import shutil
 
         shutil.rmtree(files["tmpdir"], ignore_errors=True)
+        return files
+
+    def _after(self, job: dict, cfg: dict) -> None:
+        """Clean up after a job the way the execution host does once it has exited."""
+        files = self._clean(job, cfg)
         if job["flavor"] == "lsf" and job["stdout"]:
             script = job["native"].get("command") or _read(files["script"])
             _append(job["stdout"], flavors.lsf_report(job, cfg, script))
+
+
+def _requeued(job: dict) -> bool:
+    """The run ended under a requeue request and no cancel: the job goes back to the queue."""
+    return bool(job.get("requeue")) and not job["cancel"]
 
 
 def signal_job(session: int, signum: int) -> None:
