@@ -152,8 +152,7 @@ def report_token_valid(store: Store, task_id: int, token: str) -> bool:
 def reporting_task(store: Store, task_id: int, token: str) -> Task | None:
     """The task whose current attempt's report token this is, read once; None for an unknown
     task or another token, alike (report_token_valid)."""
-    task, expected = store.reported(task_id)
-    return task if _same_token(token, expected) else None
+    return store.reported(task_id, lambda expected: _same_token(token, expected))
 
 
 def _same_token(token: str, expected: str) -> bool:

@@ -11,7 +11,7 @@ import json
 import secrets
 import threading
 import time
-from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -433,12 +433,13 @@ class Store(RecordMethods):
         with self._sessions() as session:
             return session.scalar(select(TaskRow.report_digest).where(TaskRow.id == task_id))
 
-    def reported(self, task_id: int) -> tuple[Task | None, str]:
-        """A task as its runner's report finds it and its report token's digest, in one read;
-        (None, "") for an unknown task."""
+    def reported(self, task_id: int, valid: Callable[[str], bool]) -> Task | None:
+        """The task a runner's report speaks for, in one read, where `valid` accepts its report
+        token's digest ("" for an unknown task); else None, and no more work."""
         with self._sessions() as session:
             row = session.get(TaskRow, task_id)
-            return (None, "") if row is None else (_task(row), row.report_digest or "")
+            accepted = valid("" if row is None else row.report_digest or "")
+            return _task(row) if accepted and row is not None else None
 
     def update(self, task_id: int, **fields: Any) -> Task:
         """Set fields other than the state (native id, job dir, reason)."""
