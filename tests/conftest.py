@@ -53,15 +53,37 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     cluster sees one test at a time, as in a serial run, the tests of a private cluster (a
     `*_slurm_cluster` fixture) join its group, so that one worker starts and stops it, and a
     test marked `separate` is a group of its own.
+    In a parallel run the groups go longest first (_longest_first).
     Tests of an opt-in marker are skipped, saying why in one line, unless turned on."""
+    groups = {item.nodeid: _group(item) for item in items}
     for item in items:
-        item.add_marker(pytest.mark.xdist_group(_group(item)))
+        item.add_marker(pytest.mark.xdist_group(groups[item.nodeid]))
+    if hasattr(config, "workerinput"):  # a worker of a parallel run: its order is the run's
+        items[:] = _longest_first(items, groups)
     if services_on():
         return
     for item in items:
         needs = [what for marker, what in SERVICE_MARKERS.items() if marker in item.keywords]
         if needs:
             item.add_marker(pytest.mark.skip(reason=skip_reason(" and ".join(needs))))
+
+
+def _longest_first(items: list[pytest.Item], groups: dict[str, str]) -> list[pytest.Item]:
+    """The tests, their groups in the order a parallel run should start them (scripts/run-tests
+    keeps it, with --no-loadscope-reorder): the shared cluster's group, whose tests run one
+    after another, then the groups with a test marked `long`, then the rest, most tests first;
+    each group's tests in their own order. Each worker takes a group when it has run its last,
+    so no long test is left to run alone at the end."""
+    members: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        members.setdefault(groups[item.nodeid], []).append(item)
+
+    def rank(group: str) -> tuple[int, int]:
+        tests = members[group]
+        long = any(item.get_closest_marker("long") for item in tests)
+        return (0 if group == "slurm-cluster" else 1 if long else 2, -len(tests))
+
+    return [item for group in sorted(members, key=rank) for item in members[group]]
 
 
 def _group(item: pytest.Item) -> str:

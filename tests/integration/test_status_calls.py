@@ -22,6 +22,8 @@ from batch_helpers import (
 )
 from conftest import HTTP_TLS, Server, start_server, stop_server, wait_for
 
+pytestmark = pytest.mark.long
+
 TASKS = 500
 POLL_INTERVAL_S = 1.0
 LOOKS = 12  # the pool agent's looks measured once every task is in the pool

@@ -108,6 +108,7 @@ def _schemathesis() -> str:
     return found
 
 
+@pytest.mark.long
 @pytest.mark.separate  # each fuzzing run is long: the two run on different workers
 @pytest.mark.parametrize("who", ["user", "admin"])
 def test_the_api_fuzzed_against_its_own_schema_answers_no_5xx(
