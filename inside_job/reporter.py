@@ -1,8 +1,8 @@
 """Best-effort HTTP reports: the newest state, console chunks and scalars sent from byte offsets
 (so a resend is idempotent), and the exit; the files stay the truth, failures only back off.
-Only the end is sent at once; what piles up meanwhile (a start among it) goes in the next
-report, every INTERVAL_S, so a task shorter than that takes one request for its whole life:
-setting up, running, done and its exit."""
+A start goes START_GRACE_S after it happens, the end at once, and what piles up meanwhile
+(console, scalars, the newest state) every INTERVAL_S; a task that ends within its start's grace
+takes one request for its whole life: setting up, running, done and its exit."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from inside_job.http1 import post
 from inside_job.jobfiles import CONSOLE_FILE, SCALARS_FILE
 
 INTERVAL_S = 0.5
+START_GRACE_S = 0.1  # a start waits this long for an end to go with
 CHUNK_BYTES = 64 * 1024
 TIMEOUT_S = 2.0
 MAX_BACKOFF_S = 10.0
@@ -34,15 +35,19 @@ class Reporter:
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
+        self._starting = False  # a start to send after its grace
         self._delay = INTERVAL_S
         self._thread = threading.Thread(target=self._loop, name="klique-report", daemon=True)
         self._thread.start()
 
     def state(self, status: dict) -> None:
-        """A change of state, sent with the next report (`done` with the exit, which close()
-        sends at once)."""
+        """A change of state, sent with the next report: `running` after its grace, `done`
+        with the exit, which close() sends at once."""
         with self._lock:
             self._states.append(status)
+        if status.get("state") == "running":
+            self._starting = True
+            self._wake.set()
 
     def close(self, exit_result: dict | None, deadline_s: float = 5.0) -> None:
         """Send the rest and the exit (if any); gives up after deadline_s so the job can end."""
@@ -56,6 +61,9 @@ class Reporter:
         while True:
             self._wake.wait(self._delay)
             self._wake.clear()
+            if self._starting:  # the end, if it comes this soon, goes with the start
+                self._starting = False
+                self._stop.wait(START_GRACE_S)
             final = self._stop.is_set()
             ok = self._flush(final)
             self._delay = INTERVAL_S if ok else min(self._delay * 2, MAX_BACKOFF_S)

@@ -82,7 +82,7 @@ def test_an_api_that_answers_errors_does_not_fail_the_task(tmp_path):
 
 def test_a_short_tasks_whole_life_takes_few_reports(tmp_path):
     """Setting up, running, done and the exit of a task that ends at once go in one report
-    (two, where the machine is so slow that the runner's timer fires before the end)."""
+    (two, where the machine is so slow that the start's grace runs out before the end)."""
     sink = ReportSink()
     try:
         job = make_job(tmp_path, command=["true"], report={"url": sink.url, "token": "t"})
@@ -95,7 +95,7 @@ def test_a_short_tasks_whole_life_takes_few_reports(tmp_path):
 
 
 def test_a_long_tasks_start_reaches_the_server_while_it_runs(tmp_path):
-    """`running` goes with the next timer report, before the end: a task that waits for a file
+    """`running` goes once its grace is over, before the end: a task that waits for a file
     shows as running before the file is there."""
     sink = ReportSink()
     release = tmp_path / "release"
