@@ -1,7 +1,8 @@
 """The tasks the pools hold (placed, submitted, pending, running), kept between reads as the
 queue is (broker/scheduler/queue.py): each pool's look and each placement cycle read only the
 tasks the store says changed since the last read, rather than every held task, and everything
-is read again now and then, and whenever the store cannot say what changed."""
+is read again now and then, whenever the store cannot say what changed, and when more changed
+than the pools can hold (a large sweep made)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from broker.store.changes import ChangeReader
 from broker.store.repository import Store
 
 FULL_EVERY_S = 60.0  # a full read even when the store says what changed
+MOST_CHANGED = 1000  # beyond this many changed tasks (a large sweep made), a full read is less
 
 
 @dataclass
@@ -36,7 +38,8 @@ class HeldTasks:
         with self._lock:
             changed = self.changes.take()  # before reading: a later change shows next time
             now = time.monotonic()
-            if changed is None or now - self.full_at >= self.full_every_s:
+            stale = now - self.full_at >= self.full_every_s
+            if changed is None or len(changed) > MOST_CHANGED or stale:
                 self.tasks = {t.id: t for t in self.store.tasks(states=self.states)}
                 self.full_at = now
             elif changed:

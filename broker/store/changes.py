@@ -10,6 +10,7 @@ then, in case something else wrote to the database."""
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Iterable
 from itertools import chain
 from typing import Any
@@ -28,13 +29,13 @@ class Changes:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._readers: list[ChangeReader] = []
+        self._readers: weakref.WeakSet[ChangeReader] = weakref.WeakSet()  # dropped with its cache
 
     def reader(self) -> ChangeReader:
         """A new reader; its first take says nothing is known (read everything)."""
         reader = ChangeReader(self._lock)
         with self._lock:
-            self._readers.append(reader)
+            self._readers.add(reader)
         return reader
 
     def add(self, ids: Iterable[int]) -> None:

@@ -4,6 +4,7 @@ tasks the store wrote since the last one, and sees every change; the queue's rea
 from __future__ import annotations
 
 from broker.domain import TaskSpec, TaskState
+from broker.scheduler import held as held_module
 from broker.scheduler.held import HeldTasks
 from broker.scheduler.link import HOLDING
 from broker.scheduler.queue import QueueCache
@@ -51,4 +52,20 @@ def test_a_look_reads_only_what_changed_and_sees_it(tmp_path) -> None:
     held.full_every_s = 0  # a full read now and then, whatever the store says
     assert [t.id for t in held.current()] == [a, c]
     assert store.reads[-1] is None
+    store.close()
+
+
+def test_more_changes_than_a_pool_holds_are_one_full_read(tmp_path, monkeypatch) -> None:
+    """A sweep of thousands made between two looks: the held tasks are read, not its ids."""
+    monkeypatch.setattr(held_module, "MOST_CHANGED", 2)
+    store = CountingStore.open(f"sqlite:///{tmp_path / 'k.db'}")
+    store.reads = []
+    held = HeldTasks(store, HOLDING)
+    held.current()
+    spec = TaskSpec(command=("true",), resource="cpu")
+    store.create_queued([(spec, 0.0, {})] * 2, "alice", None)
+    held.current()
+    store.create_queued([(spec, 0.0, {})] * 3, "alice", None)
+    held.current()
+    assert store.reads == [None, [1, 2], None]
     store.close()
