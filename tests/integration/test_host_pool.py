@@ -306,6 +306,8 @@ def test_a_preempted_host_task_is_requeued_and_runs_again(server_factory):
     assert history[:4] == ["queued", "placed", "submitted", "running"]
     assert "queued" in history[4:], history
     assert back["state"] in ("queued", "placed", "submitted", "running")
+    server.cli("cancel", str(borrowed), token=bob)  # its second run leaves nothing behind
+    assert server.wait_state(borrowed, token=bob)["state"] == "cancelled"
 
 
 RECLAIM_ESTATE = (
