@@ -9,7 +9,6 @@ import shutil
 import subprocess
 import sys
 import threading
-import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -77,18 +76,6 @@ def read_json(job: Path, name: str) -> dict:
 def console(job: Path) -> str:
     path = job / "console.log"
     return path.read_text() if path.exists() else ""
-
-
-def wait_for(condition, timeout: float = 30.0, what: str = "condition"):
-    """Poll condition until it returns something truthy; fail after timeout seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.02)
 
 
 def git(cwd: Path, *args: str) -> str:

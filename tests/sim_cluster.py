@@ -14,27 +14,16 @@ import pwd
 import shutil
 import subprocess
 import tempfile
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from conftest import wait_for
 
 FAKES = Path(__file__).resolve().parent / "fakes"
 SYSTEM_PATH = "/usr/local/bin:/usr/bin:/bin"
 DEADLINE = 30.0
-
-
-def wait_for(condition, timeout: float = DEADLINE, what: str = "condition"):
-    end = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.05)
 
 
 def _submitter() -> tuple[list[str], str]:

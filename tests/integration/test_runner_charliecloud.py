@@ -70,7 +70,8 @@ def test_a_charliecloud_task_writes_into_the_job_directory(tmp_path, image):
 def test_a_preempted_charliecloud_task_ends_preempted(tmp_path, image):
     import signal
 
-    from runner_helpers import start_runner, wait_for
+    from conftest import wait_for
+    from runner_helpers import start_runner
 
     job = make_job(tmp_path, command=["/bin/sh", "-c", "echo ready; exec sleep 60"], image=image)
     runner = start_runner(job, KLIQUE_PREEMPTED="1")

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from conftest import wait_for
 from container_images import (
     CONDA_ENV,
     FAKES,
@@ -27,7 +28,7 @@ from container_images import (
     charliecloud_image,
     publish,
 )
-from runner_helpers import console, make_job, read_json, wait_for
+from runner_helpers import console, make_job, read_json
 
 from inside_job import container, imageref, zipapp
 

@@ -7,6 +7,7 @@ import signal
 import sys
 
 import pytest
+from conftest import wait_for
 from runner_helpers import (
     cache_of,
     console,
@@ -14,7 +15,6 @@ from runner_helpers import (
     read_json,
     run_runner,
     start_runner,
-    wait_for,
 )
 
 PY = sys.executable

@@ -6,6 +6,7 @@ import os
 import subprocess
 
 import pytest
+from conftest import wait_for
 from runner_helpers import (
     UV,
     cache_of,
@@ -14,7 +15,6 @@ from runner_helpers import (
     read_json,
     run_runner,
     start_runner,
-    wait_for,
 )
 
 from inside_job import envcache

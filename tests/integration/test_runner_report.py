@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import sys
 
+from conftest import wait_for
 from runner_helpers import (
     ReportSink,
     console,
@@ -12,7 +13,6 @@ from runner_helpers import (
     read_json,
     run_runner,
     start_runner,
-    wait_for,
 )
 
 TASK = (

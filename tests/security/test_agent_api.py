@@ -1,6 +1,6 @@
 """An agent token acts for its own pools' tasks only, also when it reports a batch: a batch of
-attempts or accepted jobs that names one task of another pool is refused whole, and nothing of
-it is recorded."""
+attempts, accepted jobs or observations that names one task of another pool is refused whole,
+and nothing of it is recorded."""
 
 from __future__ import annotations
 
@@ -51,7 +51,11 @@ def placed(server_factory: Any) -> tuple[Any, dict[str, str], dict[str, int]]:
 
 
 def calls(op: str, *task_ids: int) -> dict[str, Any]:
-    fields = {"job_dir": "/jobs/x", "digest": DIGEST} if op == "begin" else {"native_id": "7"}
+    fields = {
+        "begin": {"job_dir": "/jobs/x", "digest": DIGEST},
+        "submitted": {"native_id": "7"},
+        "observed": {"observation": {"state": "running", "reason": "R"}},
+    }[op]
     return {"calls": [{"op": op, "task_id": i, **fields} for i in task_ids]}
 
 
@@ -80,3 +84,12 @@ def test_a_batch_naming_another_pools_task_is_refused_whole(placed) -> None:
         assert accepted.json() == {"results": [True]}
     task = server.task(ids["a"])
     assert (task["state"], task["native_id"]) == ("submitted", "7")
+    # A look's observations go as one batch too: one of another pool's task refuses it whole.
+    with server.api(tokens["a"]) as agent:
+        refused = agent.post("/agent/pools/a/calls", json=calls("observed", ids["a"], ids["b"]))
+        assert refused.status_code == 404, refused.text
+        assert server.task(ids["a"])["state"] == "submitted"
+        assert server.task(ids["b"])["state"] == "placed"
+        seen = agent.post("/agent/pools/a/calls", json=calls("observed", ids["a"]))
+        assert seen.json() == {"results": [None]}
+    assert server.task(ids["a"])["state"] == "running"
