@@ -80,11 +80,16 @@ def test_a_sweep_runs_as_one_pbs_job_array_with_each_subjob_its_own_task(
         _, seen, _ = await asyncio.to_thread(qstat, path, "-t", array)
         seen_running.update(seen)
         await scheduler.cancel(store.get(ids[CANCELLED]))
-        # Rerun (as root, a PBS manager) once its first run has begun its command and Klique
-        # has seen it run; qrerun answers once the subjob is queued again.
+        # Rerun (as root, a PBS manager) once its first run has begun its command and the
+        # pool has listed it running with its run_count (a whole look since: the runner's own
+        # report may have shown it running first); qrerun answers once the subjob is queued
+        # again.
         seen_run = lambda: store.get(ids[REQUEUED]).state is TaskState.RUNNING  # noqa: E731
         first_run = lambda: runs_of(record) == 1 and seen_run()  # noqa: E731
         await until(first_run, "the first run of the task to be rerun", running)
+        agent = scheduler.agents["batch"]
+        looked = agent.looks + 2
+        await until(lambda: agent.looks >= looked, "a look at the first run", running)
         argv = ["qrerun", str(store.get(ids[REQUEUED]).native_id)]
         done = await asyncio.to_thread(subprocess.run, argv, capture_output=True, text=True)
         assert (done.returncode, done.stderr) == (0, ""), done
