@@ -54,6 +54,12 @@ def qstat(path: str, *argv: str) -> tuple[int, dict[str, Any], str]:
     return done.returncode, json.loads(done.stdout or "{}").get("Jobs", {}), done.stderr
 
 
+def requeued(event: dict[str, Any]) -> bool:
+    """The event of the rerun subjob's way back to pending (not a wait for a slot before its
+    first run)."""
+    return event["to"] == "pending" and event["reason"].startswith("requeued by pbs (restart 1)")
+
+
 @pytest.mark.parametrize("server", [{}, HISTORY], ids=["default", "job-history"])
 def test_a_sweep_runs_as_one_pbs_job_array_with_each_subjob_its_own_task(
     folder: Path, server: dict[str, str], monkeypatch: pytest.MonkeyPatch
@@ -94,7 +100,7 @@ def test_a_sweep_runs_as_one_pbs_job_array_with_each_subjob_its_own_task(
         done = await asyncio.to_thread(subprocess.run, argv, capture_output=True, text=True)
         assert (done.returncode, done.stderr) == (0, ""), done
         # The subjob runs again at once (run_count 2): Klique sees it requeued while it runs.
-        back = lambda: any(e["to"] == "pending" for e in store.events(ids[REQUEUED]))  # noqa: E731
+        back = lambda: any(requeued(e) for e in store.events(ids[REQUEUED]))  # noqa: E731
         await until(back, "the rerun task's way back to pending", running)
         go.touch()
         ended = lambda: all(store.get(i).state in FINAL for i in ids)  # noqa: E731
@@ -107,8 +113,7 @@ def test_a_sweep_runs_as_one_pbs_job_array_with_each_subjob_its_own_task(
     # The rerun subjob ran again under the same id (run_count 2); Klique saw it go back to
     # pending, and its second run's exit file decided.
     assert runs_of(record) == 2
-    back = [e for e in store.events(ids[REQUEUED]) if e["to"] == "pending"]
-    assert any(e["reason"].startswith("requeued by pbs (restart 1)") for e in back), back
+    assert [e for e in store.events(ids[REQUEUED]) if requeued(e)], store.events(ids[REQUEUED])
     assert tasks[REQUEUED].exit_code == 0
 
     # One array job (qsub printed N[].server), each subjob one task's, in the sweep's order.
