@@ -22,6 +22,11 @@ FINAL = frozenset({TaskState.COMPLETED, TaskState.FAILED, TaskState.CANCELLED, T
 Steps = Callable[[asyncio.Task[None]], Awaitable[None]]
 
 
+# A simulated LSF minute as long as LSF's own. batch_helpers' 3 s minute ends a sweep's 10-minute
+# task after 30 s, which a loaded machine's server restart can take; these tests time no limit.
+LSF_MINUTE = {"KLIQUE_SIM_LSF_MINUTE": "60"}
+
+
 def sweep_estate(scheduler: str, job_root: Path) -> str:
     """An estate with one pool, `batch`, of the scheduler (a simulator's on PATH, or Slurm's),
     and one compute resource on it, `cpu`."""

@@ -21,6 +21,7 @@ from batch_helpers import (
 )
 from sweep_helpers import (
     FINAL,
+    LSF_MINUTE,
     ended_as,
     queue_sweep,
     run_with,
@@ -45,7 +46,8 @@ def site(test_users: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Pat
     folder = shared_folder("klique-lsf-arrays-")
     try:
         sim = open_folder(folder / "sim")
-        monkeypatch.setenv("PATH", search_path(login_node(folder, "lsf", sim)))
+        path = search_path(login_node(folder, "lsf", sim, settings=LSF_MINUTE))
+        monkeypatch.setenv("PATH", path)
         yield folder, open_folder(folder / "jobs")
     finally:
         remove_tree(folder)

@@ -25,7 +25,7 @@ from batch_helpers import (
     shared_folder,
 )
 from conftest import ROOT, free_port, start_server, stop_server, wait_for
-from sweep_helpers import ended_as, queue_sweep, sweep_estate
+from sweep_helpers import LSF_MINUTE, ended_as, queue_sweep, sweep_estate
 
 from broker.domain import TaskState
 from broker.store.repository import Store
@@ -42,7 +42,7 @@ def site(request: Any, test_users: Any) -> Iterator[dict[str, Path | str]]:
         folder = shared_folder(f"klique-array-crash-{scheduler}-")
         stack.callback(remove_tree, folder)
         sim = open_folder(folder / "sim")
-        path = search_path(login_node(folder, scheduler, sim))
+        path = search_path(login_node(folder, scheduler, sim, settings=LSF_MINUTE))
         estate = folder / "estate.yaml"
         estate.write_text(sweep_estate(scheduler, open_folder(folder / "jobs")))
         yield {
