@@ -613,7 +613,7 @@ def crash_and_restart(
             "alice",
             f"--job-name=klique-{run.first_id + 998}",
             f"--output={run.job_root}/stranger-%j.out",
-            "--wrap=sleep 600",
+            "--wrap=sleep infinity",  # running at the check however long the crashes take
         )
         problems: list[str] = []
         found = resubmitted = 0  # tasks PLACED at a crash with a job in Slurm, and without

@@ -108,9 +108,10 @@ def test_walltime_overrun_is_killed_and_reported_as_documented(cluster):
 def test_cancel_terminates_the_job_process_group(cluster):
     # The vendors' 10 s between a cancel's signals (PBS kill_delay, LSF JOB_TERMINATE_INTERVAL),
     # not the fixture's 1 s: the first signal alone must end the job, however loaded the machine.
+    # Every command names it, as each command's settings become the simulated server's.
+    cluster.env["KLIQUE_SIM_KILL_DELAY"] = "10"
     marker = cluster.work / "cancel.started"
-    script = cluster.script("cancelme", f"touch {marker}\nsleep 60\n")
-    job_id = cluster.submit(script, env={"KLIQUE_SIM_KILL_DELAY": "10"})
+    job_id = cluster.submit(cluster.script("cancelme", f"touch {marker}\nsleep 60\n"))
     wait_for(marker.exists, what="the job to start")
     done = cluster.cancel(job_id)
     assert done.returncode == 0, done.stderr
