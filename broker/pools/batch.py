@@ -375,6 +375,11 @@ class BatchDriver(PoolDriver):
     DIRECTIVE: ClassVar[str] = ""  # how a directive line starts in a job script ("#SBATCH")
     MAX_ARRAY: ClassVar[int] = 1000  # elements in one array job
 
+    @property
+    def array_index(self) -> str | None:
+        """The variable holding an element's index (None: no arrays); a dialect may choose."""
+        return self.ARRAY_INDEX
+
     def array_directives(self, shared: Sequence[str], count: int) -> list[str]:
         """The array job's directive lines: those its tasks share (with the placeholders of
         `shared_directives`), and what makes it an array of `count` elements from ARRAY_FIRST."""
@@ -405,7 +410,7 @@ class BatchDriver(PoolDriver):
 
     def _uses_arrays(self) -> bool:
         wanted = self.pool.settings.get("job_arrays") is not False
-        return wanted and self.ARRAY_INDEX is not None and self.max_array > 1
+        return wanted and self.array_index is not None and self.max_array > 1
 
     def _arrays(self, jobs: Sequence[_Job]) -> tuple[list[_Array], list[_Job]]:
         """The tasks of one sweep whose directives agree, as arrays of two or more (each with
@@ -458,7 +463,7 @@ class BatchDriver(PoolDriver):
         name = array_name(folder)
         script = dispatcher(
             self.array_directives(shared, len(members)),
-            str(self.ARRAY_INDEX),
+            str(self.array_index),
             folder,
             name,
             [job.folder.folder for job in members],

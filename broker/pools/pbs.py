@@ -1,7 +1,8 @@
 """PBS Professional and Torque (the pool's `dialect`): qsub, one `qstat -f` per cycle naming the
 pool's jobs (one per account where the server hides other users' jobs), qdel. A finished job is
 told apart by its exit status, substate and walltime used; the exit file decides. PBS
-Professional's run_count tells a job requeued (qrerun) while it ran."""
+Professional's run_count tells a job requeued (qrerun) while it ran. A sweep goes as one job
+array in both dialects (qsub -J, Torque's qsub -t; docs/job-arrays.md)."""
 
 from __future__ import annotations
 
@@ -112,9 +113,19 @@ _JOB_ID = re.compile(r"\d+(\[\d*\])?(\.[A-Za-z0-9_.-]+)?")
 # prints the array job's id, `1000[].server`; a subjob is `1000[3].server`.
 _ARRAY_ID = re.compile(r"(\d+)\[\](\.[A-Za-z0-9_.-]+)?")
 _SUBJOB_ID = re.compile(r"(\d+)\[(\d+)\](\.[A-Za-z0-9_.-]+)?")
+# TORQUE 6.1 Administrator Guide, "Job arrays": qsub -t 0-N submits an array, printed as
+# `123[].server`; each subjob `123[4].server` has its index in PBS_ARRAYID. TORQUE
+# src/server/job_func.c (job_clone) appends "-<index>" to a subjob's Job_Name, Output_Path and
+# Error_Path, and keeps the index in its job_array_id attribute.
+TORQUE_ARRAY_INDEX = "PBS_ARRAYID"
 _MAX_ARRAY_SIZE = re.compile(r'"max_array_size"\s*:\s*"?(\d+)')
 _DEFAULT_MAX_ARRAY_SIZE = 10000
-_UNKNOWN_JOB = re.compile(r"^qstat: (Unknown Job Id|.* Job has finished, use -x)")
+# TORQUE 6.1 "Server parameters", max_job_array_size: the most subjobs an array may have;
+# unset, no limit (src/server/job_array.cpp, parse_array_request), and Klique's own bound holds.
+_MAX_JOB_ARRAY_SIZE = re.compile(r"^\s+max_job_array_size = (\d+)\s*$", re.MULTILINE)
+# TORQUE's "Unknown Array ID" (PBSE_UNKARRAYID; src/server/req_stat.c rejects an array that has
+# left the server with "unable to find array", which qstat prints after "MSG=").
+_UNKNOWN_JOB = re.compile(r"^qstat: (Unknown Job Id|Unknown Array ID|.* Job has finished, use -x)")
 _ATTRIBUTE = re.compile(r"^(?:    |\t)([A-Za-z_][A-Za-z0-9_.]*) = (.*)$")
 # OpenPBS src/lib/Liblog/pbs_messages.c, PBSE_JOBHISTNOTSET: a status request with -x while
 # job_history_enable is off (the default); qstat prints it per id and still exits 0.
@@ -155,8 +166,9 @@ class PbsDriver(BatchDriver):
         f"{code}/{end}" for code in _FINISHED for end in ("completed", "failed", "signal", "ended")
     )
     OTHERS_HIDDEN = _OTHERS_HIDDEN
-    # qsub(1B) -J X-Y: each subjob's index in PBS_ARRAY_INDEX. The server's max_array_size
-    # bounds an array: the pool's start reads it (the base's 1000 until it reads).
+    # qsub(1B) -J X-Y: each subjob's index in PBS_ARRAY_INDEX (Torque's qsub -t: PBS_ARRAYID).
+    # The server's max_array_size (Torque's max_job_array_size) bounds an array: the pool's
+    # start reads it (the base's 1000 until it reads).
     ARRAY_INDEX = "PBS_ARRAY_INDEX"
     DIRECTIVE = "#PBS"
 
@@ -178,20 +190,22 @@ class PbsDriver(BatchDriver):
     async def _read_server(self) -> None:
         """The server's max_array_size (`qstat -B -f -F json`, pbs_server_attributes(7B);
         10000 where the server shows none, OpenPBS PBS_MAX_ARRAYJOB_DFLT_SIZE), until it
-        reads. A queue's own max_array_size is not read: the queue refuses a larger array."""
+        reads. A queue's own max_array_size is not read: the queue refuses a larger array.
+        Torque: max_job_array_size in `qstat -B -f -1`; where it is unset, the base's bound."""
         if not self._uses_arrays():
             return
+        torque = self.dialect == "torque"
+        argv = ["qstat", "-B", "-f", *(["-1"] if torque else ["-F", "json"])]
         try:
-            done = await self.transport.run(
-                ["qstat", "-B", "-f", "-F", "json"], account=self.query_account(), timeout=30
-            )
+            done = await self.transport.run(argv, account=self.query_account(), timeout=30)
         except KliqueError:
             return
         if done.returncode != 0:
             return
         self._server_read = True
-        found = _MAX_ARRAY_SIZE.search(done.stdout)
-        self.max_array = int(found[1]) if found else _DEFAULT_MAX_ARRAY_SIZE
+        found = (_MAX_JOB_ARRAY_SIZE if torque else _MAX_ARRAY_SIZE).search(done.stdout)
+        default = self.MAX_ARRAY if torque else _DEFAULT_MAX_ARRAY_SIZE
+        self.max_array = int(found[1]) if found else default
 
     def directives(self, task: Task, profile: Profile, job_dir: str) -> list[str]:
         settings = self.pool.settings
@@ -225,11 +239,14 @@ class PbsDriver(BatchDriver):
             return Markup("")
         return Markup("pbsdsh -u --" if self.dialect == "torque" else "pbsdsh --")  # noqa: S704
 
-    def _uses_arrays(self) -> bool:
-        return self.dialect == "pbspro" and super()._uses_arrays()  # Torque: a job per task
+    @property
+    def array_index(self) -> str | None:
+        return TORQUE_ARRAY_INDEX if self.dialect == "torque" else self.ARRAY_INDEX
 
     def array_directives(self, shared: Sequence[str], count: int) -> list[str]:
-        return [*shared, f"{self.DIRECTIVE} -J {self.ARRAY_FIRST}-{self.ARRAY_FIRST + count - 1}"]
+        option = "-t" if self.dialect == "torque" else "-J"  # Torque's qsub -t, qsub(1B) -J
+        last = self.ARRAY_FIRST + count - 1
+        return [*shared, f"{self.DIRECTIVE} {option} {self.ARRAY_FIRST}-{last}"]
 
     def element_id(self, array_id: str, index: int) -> str:
         number, _, server = array_id.partition("[]")
@@ -267,12 +284,16 @@ class PbsDriver(BatchDriver):
 
     def status_argv(self, accounts: Sequence[str]) -> list[str]:
         job_ids = [job_id for account in accounts for job_id in self._job_ids.get(account, [])]
-        if self.dialect == "torque":  # Torque lists completed jobs (C) for keep_completed
-            return ["qstat", "-f", "-1", *job_ids]
-        # -x: finished jobs (F) and their Exit_status, kept while job_history_enable is set.
-        history = ["-x"] if self._keeps_history else []
         arrays = any(_ARRAY_ID.fullmatch(j) for j in job_ids)
         subjobs = ["-t"] if arrays or (not job_ids and self._uses_arrays()) else []
+        if self.dialect == "torque":
+            # Torque lists completed jobs (C) for keep_completed. Without -t its qstat asks the
+            # server to summarize arrays, one record each; with -t, an array's id lists its
+            # subjobs, each a job of its own (TORQUE src/cmds/qstat.c, summarize_arrays;
+            # src/server/req_stat.c, tjstArray).
+            return ["qstat", *subjobs, "-f", "-1", *job_ids]
+        # -x: finished jobs (F) and their Exit_status, kept while job_history_enable is set.
+        history = ["-x"] if self._keeps_history else []
         return ["qstat", *history, *subjobs, "-f", "-F", "json", *job_ids]
 
     def status_again(self, argv: Sequence[str], done: Completed) -> bool:
@@ -294,10 +315,13 @@ class PbsDriver(BatchDriver):
         return all(_UNKNOWN_JOB.match(line) for line in lines)
 
     def parse_status(self, stdout: str) -> list[NativeStatus]:
-        if self.dialect == "torque":
-            return parse_qstat_text(stdout, TORQUE_EXEC_CODES)
-        # An array job's own record (N[]) is no task's: its subjobs are.
-        return [s for s in parse_qstat_json(stdout) if not _ARRAY_ID.fullmatch(s.native_id)]
+        found = (
+            parse_qstat_text(stdout, TORQUE_EXEC_CODES)
+            if self.dialect == "torque"
+            else parse_qstat_json(stdout)
+        )
+        # An array job's own record (N[], Torque's summary) is no task's: its subjobs are.
+        return [s for s in found if not _ARRAY_ID.fullmatch(s.native_id)]
 
     def ending_note(self, job_dir: str) -> str | None:
         return f"{job_dir}/pbs.out"  # -j oe: the MoM's notes go to the job's output
@@ -371,7 +395,7 @@ def _readable(job_id: str, attrs: Any, exec_codes: Mapping[int, str]) -> NativeS
 
 def _status(job_id: str, attrs: Mapping[str, Any], exec_codes: Mapping[int, str]) -> NativeStatus:
     state = str(attrs.get("job_state", ""))
-    name = str(attrs.get("Job_Name", ""))
+    name = _job_name(attrs)
     status = _int(attrs.get("Exit_status", attrs.get("exit_status")))
     script, user = _script(attrs), str(attrs.get("Job_Owner", "")).split("@")[0]
     restarts = requeues(state, attrs)
@@ -408,6 +432,14 @@ def requeues(state: str, attrs: Mapping[str, Any]) -> int | None:
     if runs is None:
         return None
     return max(runs - (0 if state in _WAITING else 1), 0)
+
+
+def _job_name(attrs: Mapping[str, Any]) -> str:
+    """The job's name; a Torque subjob's is its array's, with the "-<index>" that TORQUE's
+    job_clone appends (its job_array_id is the index) taken off."""
+    name = str(attrs.get("Job_Name", ""))
+    index = attrs.get("job_array_id")
+    return name.removesuffix(f"-{index}") if index is not None else name
 
 
 def _script(attrs: Mapping[str, Any]) -> str:

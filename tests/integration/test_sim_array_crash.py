@@ -1,5 +1,5 @@
-"""A server SIGKILLed between a job array's qsub/bsub and its record, on the PBS Professional
-and LSF simulators: the restarted server finds each task in the array by its dispatcher, and
+"""A server SIGKILLed between a job array's qsub/bsub and its record, on the PBS Professional,
+Torque and LSF simulators: the restarted server finds each task in the array by its dispatcher, and
 the simulator's own job table is the judge (one element per task, none submitted twice, none
 lost)."""
 
@@ -32,10 +32,10 @@ from broker.store.repository import Store
 
 TASKS = 12
 FAILS = 4  # the place in the sweep of the task that exits 3
-ELEMENT = re.compile(r"(\d+)\[(\d+)\]")  # PBS Professional 1000[3].server, LSF 3000[3]
+ELEMENT = re.compile(r"(\d+)\[(\d+)\]")  # PBS 1000[3].server, Torque 2000[3].server, LSF 3000[3]
 
 
-@pytest.fixture(params=["pbspro", "lsf"])
+@pytest.fixture(params=["pbspro", "torque", "lsf"])
 def site(request: Any, test_users: Any) -> Iterator[dict[str, Path | str]]:
     scheduler = request.param
     with ExitStack() as stack:

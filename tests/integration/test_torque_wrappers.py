@@ -22,6 +22,8 @@ What they do not allow (pinned by the last test):
   and exits 153, which the driver reads as "left the queue" (then the exit file decides).
 - qsub runs sbatch through a shell command line built from its arguments: a script path with
   spaces or shell characters would break it (Klique's job paths are checked names).
+- Job arrays: qsub turns -t into sbatch --array but prints Slurm's bare job id, and qstat takes
+  no -t, so the pool here sets `job_arrays: false`.
 
 Needs the Debian package slurm-wlm-torque.
 """
@@ -78,7 +80,9 @@ def pool(request: Any, slurm_cluster: Any, test_users: Any) -> Iterator[BatchPoo
             shared = request.getfixturevalue("sshd")
             endpoint = SSHLogin(shared.port, shared.known_hosts, shared.client_key)
         estate_file = folder / "estate.yaml"
-        estate_file.write_text(estate("torque", job_root, endpoint))
+        # The wrappers' qsub prints Slurm's bare id for an array and their qstat has no -t:
+        # such a pool turns job arrays off (docs/job-arrays.md, Torque).
+        estate_file.write_text(estate("torque", job_root, endpoint, {"job_arrays": False}))
         server = start_server(folder / "home", estate_file)
         stack.callback(stop_server, server)
         stack.callback(remove_outputs, server)

@@ -1,10 +1,12 @@
 """PBS Professional and Torque: the parsers on captured qsub/qstat output, the state table, the
 directives and the script they make."""
 
+import asyncio
 import json
 from pathlib import Path
 
 import pytest
+from test_batch_status import ScriptedTransport
 
 from broker.domain import TaskState
 from broker.errors import SubmitError, TemplateError, TransportError
@@ -245,8 +247,9 @@ def test_published_torque_output_reads_with_its_continuations():
     jobs = seen(parse_qstat_text((TORQUE / "qstat_f_mavis.txt").read_text(), TORQUE_EXEC_CODES))
     assert jobs == {
         "9.torque01.bcgsc.ca": ("subtest.sh", "C/completed", 0),
+        # The subjob's Job_Name is its array's with "-1" (job_array_id 1): the array's name.
         "48[1].torque01.bcgsc.ca": (
-            "MA_mock-A47933_batch-JT3CUggKXNStHcoFXYaGR3-1",
+            "MA_mock-A47933_batch-JT3CUggKXNStHcoFXYaGR3",
             "C/deleted",
             143,
         ),
@@ -417,10 +420,9 @@ def test_a_pbs_pro_sweep_is_one_array_named_once_in_status():
         None,
     ]
     assert parse_qsub("1000[].pbs01\n") == "1000[].pbs01"
-    torque, _ = driver(", dialect: torque")
-    assert not torque._uses_arrays()  # Torque's qsub -t is not used: a job per task
     turned_off, _ = driver(", job_arrays: false")
     assert not turned_off._uses_arrays()
+    assert not driver(", dialect: torque, job_arrays: false")[0]._uses_arrays()
 
     pbs._job_ids = {"alice": ["1000[].pbs01", "4325.pbs01"]}
     assert pbs.status_argv(["alice"]) == [
@@ -434,3 +436,65 @@ def test_a_pbs_pro_sweep_is_one_array_named_once_in_status():
     assert pbs.status_argv(["alice"]) == ["qstat", "-t", "-f", "-F", "json"]
     gone = Completed(153, "{}", "qstat: Unknown Job Id 1000[].pbs01\n")  # an ended array
     assert pbs.status_listed(gone)
+
+
+def test_a_torque_sweep_is_one_array_of_qsub_t_named_once_in_status():
+    """TORQUE 6.1 "Job arrays": `#PBS -t 0-N`, each subjob's index in PBS_ARRAYID, ids as PBS
+    Professional's; status names the array once with -t, which lists its subjobs."""
+    torque, _ = driver(", dialect: torque")
+    assert torque._uses_arrays() and torque.array_index == "PBS_ARRAYID"
+    assert driver()[0].array_index == "PBS_ARRAY_INDEX"
+    shared = ["#PBS -N {tag}", "#PBS -o {job_dir}/pbs.out"]
+    assert torque.array_directives(shared, 30) == [*shared, "#PBS -t 0-29"]
+    array = parse_qsub((TORQUE / "qsub_array.stdout").read_text())
+    assert array == "2000[].tq-head.cluster.example.org"
+    assert torque.element_id(array, 3) == "2000[3].tq-head.cluster.example.org"
+    assert torque.element_index("2000[3].tq-head.cluster.example.org") == 3
+
+    torque._job_ids = {"alice": [array, "2348.tq-head.cluster.example.org"]}
+    assert torque.status_argv(["alice"]) == [
+        *("qstat", "-t", "-f", "-1", array, "2348.tq-head.cluster.example.org")
+    ]
+    torque._job_ids = {"alice": ["2348.tq-head.cluster.example.org"]}
+    assert torque.status_argv(["alice"]) == [
+        *("qstat", "-f", "-1", "2348.tq-head.cluster.example.org")
+    ]
+    torque._job_ids = {}  # a task whose submission's outcome is unknown: every job, subjobs too
+    assert torque.status_argv(["alice"]) == ["qstat", "-t", "-f", "-1"]
+
+
+def test_torque_subjobs_read_as_jobs_named_as_their_array():
+    """qstat -t -f -1 of an array: each subjob N[i] with its own state and exit status, its
+    name the array's (job_clone's "-<index>" taken off); the summary without -t is no task's;
+    an array the server no longer has leaves the other jobs listed."""
+    torque, _ = driver(", dialect: torque")
+    host = ".tq-head.cluster.example.org"
+    subjobs = seen(torque.parse_status((TORQUE / "qstat_t_f_1_array.txt").read_text()))
+    name = "klique-array-60-0123456789ab"
+    assert subjobs == {
+        f"2000[0]{host}": (name, "C/completed", 0),
+        f"2000[1]{host}": (name, "C/failed", 3),
+        f"2000[2]{host}": (name, "R", None),
+        f"2000[3]{host}": (name, "R", None),
+    }
+    assert torque.parse_status((TORQUE / "qstat_f_1_array_summary.txt").read_text()) == []
+    summary = parse_qstat_text((TORQUE / "qstat_f_1_array_summary.txt").read_text(), {})
+    assert [(s.native_id, s.name) for s in summary] == [(f"2000[]{host}", name)]
+    unknown = (TORQUE / "qstat_unknown_array.stderr").read_text()
+    assert torque.status_listed(Completed(234, "", unknown))
+
+
+def test_the_torque_servers_max_job_array_size_bounds_each_array():
+    """TORQUE 6.1 "Server parameters" max_job_array_size, read from `qstat -B -f -1`; unset
+    (no limit in Torque), Klique's own bound of 1000 holds."""
+    shown = (TORQUE / "qstat_B_f_1.txt").read_text()
+    unset = "".join(line for line in shown.splitlines(True) if "max_job_array_size" not in line)
+    sizes = []
+    for server in (shown, unset):
+        torque, _ = driver(", dialect: torque")
+        transport = ScriptedTransport(lambda argv, account, server=server: Completed(0, server, ""))
+        torque.transport = transport
+        asyncio.run(torque._read_server())
+        sizes.append(torque.max_array)
+        assert [argv for argv, _ in transport.calls] == [["qstat", "-B", "-f", "-1"]]
+    assert sizes == [5000, 1000]

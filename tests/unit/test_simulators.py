@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 from sim_cluster import FAKES, Cluster, as_account, simulated, wait_for
 
+from broker.pools.pbs import qstat_text_jobs
+
 FLAVORS = ["pbspro", "torque", "lsf"]
 
 
@@ -440,6 +442,66 @@ def test_lsf_refuses_a_bad_array_and_bkill_of_its_number_ends_every_element(clus
     assert cluster.cancel(array).stdout == f"Job <{array}> is being terminated\n"
     for index in (1, 3, 5):
         assert cluster.wait_state(f"{array}[{index}]", "done")["reason"].startswith("TERM_OWNER")
+
+
+@pytest.mark.parametrize("cluster", ["torque"], indirect=True)
+def test_a_torque_job_array_shows_a_summary_and_with_t_each_subjob(cluster):
+    """qsub -t 0-2 (TORQUE 6.1 "Job arrays"): qsub prints N[].server; each subjob N[i] is a job
+    of its own, named and with its output path as the array's plus "-<i>", its index in
+    PBS_ARRAYID and job_array_id; qstat shows one summary per array (R while a subjob runs),
+    qstat -t the subjobs only; qdel N[i] of a completed subjob is a completed job's refusal and
+    qdel N[] deletes the rest; max_job_array_size, where set, refuses a larger array."""
+    release = cluster.work / "arr.release"
+    body = (
+        'echo "$PBS_JOBID $PBS_ARRAYID $PBS_JOBNAME"\n'
+        '[ "$PBS_ARRAYID" = 1 ] && exit 3\n'
+        f'[ "$PBS_ARRAYID" = 2 ] && while [ ! -e {release} ]; do sleep 0.05; done\n'
+        "exit 0\n"
+    )
+    script = cluster.script("arr", body)
+    out = str(cluster.work / "arr.out")
+    limited = cluster.run(
+        "qsub", "-t", "0-2", str(script), env={"KLIQUE_SIM_TORQUE_MAX_JOB_ARRAY_SIZE": "2"}
+    )
+    assert limited.returncode == 235
+    assert "Bad Job Array Request MSG=Requested array size too large, limit is 2" in (
+        limited.stderr
+    )
+    done = cluster.run("qsub", "-N", "arr", "-t", "0-2", "-j", "oe", "-o", out, str(script))
+    assert done.returncode == 0, done.stderr
+    array = done.stdout.strip()
+    number, server = array.split("[]")
+
+    def listed(*flags: str) -> dict:
+        shown = cluster.run("qstat", *flags, "-f", "-1", array)
+        return dict(qstat_text_jobs(shown.stdout)) if shown.returncode == 0 else {}
+
+    def ended_and_running() -> bool:
+        jobs = listed("-t")
+        states = [jobs.get(f"{number}[{i}]{server}", {}).get("job_state") for i in range(3)]
+        return states == ["C", "C", "R"]
+
+    wait_for(ended_and_running, what="subjobs 0 and 1 to end while 2 runs")
+    jobs = listed("-t")
+    assert array not in jobs
+    first, failed = jobs[f"{number}[0]{server}"], jobs[f"{number}[1]{server}"]
+    assert (first["Job_Name"], first["job_array_id"], first["exit_status"]) == ("arr-0", "0", "0")
+    assert (failed["exit_status"], failed["Output_Path"].endswith("/arr.out-1")) == ("3", True)
+    assert Path(cluster.work, "arr.out-0").read_text() == f"{number}[0]{server} 0 arr-0\n"
+    [(summary_id, summary)] = listed().items()
+    assert (summary_id, summary["job_state"], summary["Job_Name"]) == (array, "R", "arr")
+    assert summary["job_array_request"] == "0-2"
+    again = cluster.run("qdel", f"{number}[1]{server}")
+    assert (again.returncode, again.stderr) == (
+        170,
+        "qdel: Request invalid for state of job MSG=invalid state for job - COMPLETE "
+        f"{number}[1]{server}\n",
+    )
+    assert cluster.run("qdel", array).returncode == 0
+    wait_for(lambda: listed().get(array, {}).get("job_state") == "C", what="the array to end")
+    unknown = cluster.run("qstat", "-t", "-f", "-1", f"{int(number) + 99}[]{server}")
+    assert unknown.returncode == 234
+    assert unknown.stderr.startswith("qstat: Unknown Array ID MSG=unable to find array ")
 
 
 @pytest.mark.parametrize("cluster", ["pbspro"], indirect=True)

@@ -196,6 +196,8 @@ def torque(job: dict, cfg: dict, now: float, variables: dict) -> list[tuple[str,
     if job["state"] == DONE and pbs_exit_status(job) is not None:
         pairs.append(("exit_status", pbs_exit_status(job)))
     pairs.append(("submit_args", native["submit_args"]))
+    if job.get("array"):  # a subjob's index (TORQUE job_clone), after submit_args as published
+        pairs.append(("job_array_id", job["array"]["index"]))
     if job["start_time"]:
         pairs += [("start_time", int(job["start_time"])), ("start_count", 1)]
     pairs.append(("fault_tolerant", "False"))

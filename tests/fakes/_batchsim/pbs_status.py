@@ -8,7 +8,8 @@ information" exits 35 (PBSE_HISTJOBID 15139 & 0xff), "qdel: Job has finished <id
 exits 35, "qdel: Unauthorized Request  <id>" exits 159 (PBSE_PERM).
 TORQUE 6.1 qstat/qdel: "qstat: Unknown Job Id Error <id>" (153), completed jobs stay
 in state C for keep_completed, "qdel: Request invalid for state of job MSG=invalid
-state for job - COMPLETE <id>" (170, PBSE_BADSTATE 15018 in Torque's numbering).
+state for job - COMPLETE <id>" (170, PBSE_BADSTATE 15018 in Torque's numbering); job arrays
+as torque_arrays describes; `qstat -B -f` the server's attributes (max_job_array_size).
 """
 
 from __future__ import annotations
@@ -19,12 +20,12 @@ import sys
 import time
 from dataclasses import dataclass
 
-from . import pbs_arrays, pbs_attributes
+from . import pbs_arrays, pbs_attributes, torque_arrays
 from .common import CommandError, fail, short_options
 from .state import DONE, QUEUED, RUNNING, Sim, finish, shown_id
 from .supervisor import ensure_supervisor
 
-QSTAT_OPTIONS = {"pbspro": "fF:xwu:1tJB", "torque": "f1u:"}
+QSTAT_OPTIONS = {"pbspro": "fF:xwu:1tJB", "torque": "f1u:tB"}
 QSTAT_USAGE = {
     "pbspro": "usage: \nqstat [-f] [-J] [-p] [-t] [-x] [-E] "
     "[ job_identifier... | destination... ]\n"
@@ -33,7 +34,8 @@ QSTAT_USAGE = {
     "qstat -q [-G|-M] [ destination... ]\nqstat -B [-f] [ server_name... ]\n"
     "qstat --version\n",
     "torque": "usage: qstat [-f [-1]] [-W site_specific] [-x] [ job_identifier... | "
-    "destination... ]\n",
+    "destination... ]\n"
+    "qstat -B [-f [-1]] [-W site_specific] [ server_name... ]\nqstat -t\n",
 }
 # OpenPBS src/lib/Liblog/pbs_messages.c (PBSE_JOBHISTNOTSET) and qstat.c: with -x while
 # job_history_enable is off the server refuses the whole request; qstat prints this for each
@@ -60,10 +62,19 @@ class Shown:
             return pbs_arrays.parent_record(list(self.subjobs), cfg, now, variables)
         return pbs_arrays.subjob_record(self.job, list(self.subjobs), cfg, now, variables)
 
-    def row(self, cfg: dict) -> dict:
+    def torque_pairs(self, cfg: dict, now: float, variables: dict) -> list:
+        if self.head.endswith("[]"):
+            return torque_arrays.summary_pairs(list(self.subjobs), cfg, now, variables)
+        return pbs_attributes.torque(self.job, cfg, now, variables)
+
+    def row(self, cfg: dict, flavor: str) -> dict:
         """The job as the one-line format reads it, in the record's state."""
         if not self.subjobs:
             return self.job
+        if flavor == "torque" and self.head.endswith("[]"):
+            return torque_arrays.summary_row(list(self.subjobs))
+        if flavor == "torque":
+            return {**self.job, "shown": self.head}
         if self.head.endswith("[]"):
             letter = pbs_arrays.parent_state(list(self.subjobs))
         else:
@@ -93,9 +104,11 @@ def forgotten(flavor: str, job: dict, cfg: dict) -> bool:
     return flavor == "pbspro" and job["state"] == DONE and not cfg["job_history_enable"]
 
 
-def array_forgotten(subjobs: list[dict], cfg: dict) -> bool:
-    """An array leaves the server once every subjob has ended, unless it keeps job history."""
-    return pbs_arrays.finished(subjobs) and not cfg["job_history_enable"]
+def array_forgotten(subjobs: list[dict], cfg: dict, flavor: str = "pbspro") -> bool:
+    """An array leaves the server once every subjob has ended, unless it keeps job history
+    (PBS Professional); Torque's stays while any subjob does (completed, for keep_completed)."""
+    finished = pbs_arrays.finished(subjobs)
+    return flavor == "pbspro" and finished and not cfg["job_history_enable"]
 
 
 def _visible(job: dict, cfg: dict) -> bool:
@@ -107,9 +120,19 @@ def _listed(flavor: str, job: dict, history: bool) -> bool:
     return history or flavor == "torque" or job["state"] != DONE
 
 
-def _array_listed(subjobs: list[dict], cfg: dict, history: bool) -> bool:
+def _array_listed(flavor: str, subjobs: list[dict], cfg: dict, history: bool) -> bool:
+    if flavor == "torque":
+        return True
     finished = pbs_arrays.finished(subjobs)
     return (history or not finished) and not array_forgotten(subjobs, cfg)
+
+
+def _shown_array(flavor: str, subjobs: list[dict], flags: dict) -> list[Shown]:
+    """An array as qstat shows it: PBS Professional's array job, with -t its subjobs after it
+    (with -J -t its subjobs only); Torque's summary, or with -t its subjobs only."""
+    if flavor == "torque":
+        return _array(subjobs, "-t" in flags, "-t" not in flags)
+    return _array(subjobs, "-t" in flags, not ("-J" in flags and "-t" in flags))
 
 
 def _array(subjobs: list[dict], with_subjobs: bool, array_too: bool = True) -> list[Shown]:
@@ -161,7 +184,7 @@ def _every(
             continue
         if subjobs is None and forgotten(flavor, job, cfg):
             continue
-        if subjobs is not None and not _array_listed(subjobs, cfg, history):
+        if subjobs is not None and not _array_listed(flavor, subjobs, cfg, history):
             continue
         if queue and job["queue"] != queue or not _visible(job, cfg):
             continue
@@ -170,7 +193,7 @@ def _every(
         if subjobs is None:
             found.append(Shown(str(job["id"]), job))
         else:
-            found += _array(subjobs, "-t" in flags, not ("-J" in flags and "-t" in flags))
+            found += _shown_array(flavor, subjobs, flags)
     return found
 
 
@@ -184,15 +207,19 @@ def _one(
     if parsed is not None and parsed[1] is not None:
         # stat_a_jobidname (req_stat.c): N[] is the array job, N[i] one subjob.
         number, index = parsed
-        subjobs = pbs_arrays.arrays(jobs).get(number) if flavor == "pbspro" else None
-        if not subjobs or array_forgotten(subjobs, cfg):
+        subjobs = pbs_arrays.arrays(jobs).get(number)
+        if flavor == "torque" and not subjobs and index == "":
+            return f"qstat: {torque_arrays.UNKNOWN_ARRAY[0]} {shown}", torque_arrays.UNKNOWN_ARRAY[
+                1
+            ]
+        if not subjobs or array_forgotten(subjobs, cfg, flavor):
             return unknown, 153
         if not _visible(subjobs[0], cfg):
             return f"{UNAUTHORIZED[0]} {shown}", UNAUTHORIZED[1]
-        if not _array_listed(subjobs, cfg, history):
+        if not _array_listed(flavor, subjobs, cfg, history):
             return _finished_message(shown)
         if index == "":
-            chosen += _array(subjobs, "-t" in flags)
+            chosen += _shown_array(flavor, subjobs, flags)
             return None
         match = [j for j in subjobs if str(j["array"]["index"]) == index]
         if not match:
@@ -235,6 +262,8 @@ def qstat_main(flavor: str, argv: list[str]) -> int:
     now = time.time()
     if "-B" in flags and flavor == "pbspro":
         return _server_status(sim, flags, now)
+    if "-B" in flags:
+        return _torque_server_status(sim, flags)
     with sim.reading() as data:
         chosen, errors = _select(flavor, data, operands, flags, users)
         if any(
@@ -246,7 +275,7 @@ def qstat_main(flavor: str, argv: list[str]) -> int:
     for message, _ in errors:
         sys.stderr.write(message + "\n")
     if "-f" not in flags:
-        rows = [shown.row(cfg) for shown in chosen]
+        rows = [shown.row(cfg, flavor) for shown in chosen]
         sys.stdout.write(pbs_attributes.table(flavor, rows, cfg, "-w" in flags))
     elif flags.get("-F") == "json":
         sys.stdout.write(_json(chosen, cfg, sim, now))
@@ -317,6 +346,33 @@ def _server_status(sim: Sim, flags: dict, now: float) -> int:
     return 0
 
 
+def _torque_server_status(sim: Sim, flags: dict) -> int:
+    """Torque's qstat -B -f: the server's attributes (TORQUE 6.1 "Server parameters"), among
+    them max_job_array_size where it is set."""
+    with sim.reading() as data:
+        cfg, jobs = data["config"], list(data["jobs"].values())
+    counts = {state: sum(j["state"] == state for j in jobs) for state in (QUEUED, RUNNING, DONE)}
+    attrs: dict = {
+        "server_state": "Active",
+        "scheduling": "True",
+        "total_jobs": len(jobs),
+        "state_count": f"Transit:0 Queued:{counts[QUEUED]} Held:0 Waiting:0 "
+        f"Running:{counts[RUNNING]} Exiting:0 Complete:{counts[DONE]} ",
+        "default_queue": cfg["queues"][0],
+        "query_other_jobs": "True" if cfg["query_other_jobs"] else "False",
+        "keep_completed": int(cfg["keep"]),
+        "pbs_version": "6.1.3",
+    }
+    if cfg.get("max_job_array_size") is not None:
+        attrs["max_job_array_size"] = cfg["max_job_array_size"]
+    if "-f" not in flags:
+        sys.stdout.write(f"Server: {cfg['server']}\n")
+        return 0
+    lines = [f"Server: {cfg['server']}"] + [f"    {k} = {v}" for k, v in attrs.items()]
+    sys.stdout.write("\n".join(lines) + "\n\n")
+    return 0
+
+
 def _variables(sim: Sim, job: dict) -> dict:
     try:
         with open(os.path.join(sim.job_dir(job["id"]), "variables.json")) as handle:
@@ -348,7 +404,7 @@ def _long(
         pairs = (
             pbs_attributes.flatten(shown.attributes(cfg, now, variables))
             if flavor == "pbspro"
-            else pbs_attributes.torque(shown.job, cfg, now, variables)
+            else shown.torque_pairs(cfg, now, variables)
         )
         head = f"Job Id: {shown.head}.{cfg['server']}"
         if dsv:
@@ -431,7 +487,9 @@ def _delete_in_array(
     """req_delete.c: `N[]` deletes every subjob that has not ended, `N[i]` one subjob (a
     queued one just expires); an ended subjob is refused (PBSE_NOHISTARRAYSUBJOB), and an
     index outside the array is an invalid request (PBSE_IVALREQ 15004 & 0xff)."""
-    subjobs = pbs_arrays.arrays(data["jobs"]).get(number) if flavor == "pbspro" else None
+    subjobs = pbs_arrays.arrays(data["jobs"]).get(number)
+    if flavor == "torque":
+        return _delete_in_torque_array(subjobs or [], index, shown)
     if not subjobs or array_forgotten(subjobs, data["config"]):
         return f"qdel: Unknown Job Id {shown}", 153
     if os.getuid() not in (0, subjobs[0]["uid"]):
@@ -453,5 +511,25 @@ def _delete_in_array(
     if match[0]["state"] == DONE:
         message, status = pbs_arrays.NOHISTARRAYSUBJOB
         return f"qdel: {message} {shown}", status
+    _cancel(match[0])
+    return "", 0
+
+
+def _delete_in_torque_array(subjobs: list[dict], index: str, shown: str) -> tuple[str, int]:
+    """req_deletearray.c: `N[]` deletes the subjobs that have not completed, and is
+    acknowledged for an array the server does not have; `N[i]` is that subjob's own qdel."""
+    if subjobs and os.getuid() not in (0, subjobs[0]["uid"]):
+        return f"qdel: Unauthorized Request  {shown}", 159
+    if index == "":
+        torque_arrays.delete_array(subjobs, _cancel)
+        return "", 0
+    match = [j for j in subjobs if str(j["array"]["index"]) == index]
+    if not match:
+        return f"qdel: Unknown Job Id {shown}", 153
+    if match[0]["state"] == DONE:
+        return (
+            f"qdel: Request invalid for state of job MSG=invalid state for job - COMPLETE {shown}",
+            170,
+        )
     _cancel(match[0])
     return "", 0

@@ -3,8 +3,8 @@
 PBS Professional Reference Guide, qsub(1B): OPTIONS, OPERANDS, "PBS directives"
 (command line wins over #PBS lines), STANDARD OUTPUT (the job id), ENVIRONMENT
 VARIABLES (PBS_O_*), EXIT STATUS (0, or >0: the server's PBSE_* code & 0xff).
-TORQUE Administrator Guide 6.1, qsub: the same, plus -d/-w (working directory) and
-"qsub: submit error (...)" messages.
+TORQUE Administrator Guide 6.1, qsub: the same, plus -d/-w (working directory),
+"qsub: submit error (...)" messages and -t (job arrays, torque_arrays).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import re
 import shlex
 import sys
 
-from . import pbs_arrays, pbs_resources
+from . import pbs_arrays, pbs_resources, torque_arrays
 from .common import CommandError, fail, invoking_user, scan_directives, short_host
 from .state import Sim, allocate_id, array_element, beyond_host, host_names, new_job
 from .supervisor import ensure_supervisor
@@ -209,6 +209,8 @@ def submit(flavor: str, argv: list[str]) -> tuple[Sim, str]:
     indices = None
     if flavor == "pbspro" and settings.get("J"):
         indices = pbs_arrays.parse_range(str(settings["J"]), USAGE[flavor])
+    if flavor == "torque" and settings.get("t"):
+        indices = torque_arrays.parse_request(str(settings["t"]))
     user = invoking_user()
     cwd = os.getcwd()
     resources = pbs_resources.merge(flavor, settings["l"])
@@ -260,7 +262,9 @@ def submit(flavor: str, argv: list[str]) -> tuple[Sim, str]:
                     190,
                 )
             raise CommandError("qsub: Job violates queue and/or server resource limits", 188)
-        if indices is not None and len(indices) > cfg["max_array_size"]:
+        if indices is not None and flavor == "torque":
+            torque_arrays.check_size(indices, cfg)
+        elif indices is not None and len(indices) > cfg["max_array_size"]:
             raise CommandError(*pbs_arrays.MAX_ARRAY_SIZE)
         variables = _variables(settings, queue, cwd, user)
         job["native"] = {
@@ -275,7 +279,7 @@ def submit(flavor: str, argv: list[str]) -> tuple[Sim, str]:
             "other": settings["W"],
             "keep": settings.get("k", "n"),
             "mail": settings.get("m", "a"),
-            "array_indices": settings.get("J"),
+            "array_indices": settings.get("J" if flavor == "pbspro" else "t"),
         }
         if indices is not None:
             how = (executable, text, settings, user, variables)
@@ -292,20 +296,26 @@ def submit(flavor: str, argv: list[str]) -> tuple[Sim, str]:
 
 
 def _submit_array(sim: Sim, data: dict, job: dict, indices: list[int], how: tuple) -> str:
-    """An array job (qsub -J): one record per subjob, each with its own folder; the array's
-    own record is built from them (pbs_arrays). Output paths: `^array_index^` becomes the
-    subjob's index, and the default names end in `.^array_index^` (OpenPBS svr_jobfunc.c
-    prefix_std_file, array_func.c)."""
+    """An array job (qsub -J, Torque's qsub -t): one record per subjob, each with its own
+    folder; the array's own record is built from them (pbs_arrays, torque_arrays). Output
+    paths: `^array_index^` becomes the subjob's index, and the default names end in
+    `.^array_index^` (OpenPBS svr_jobfunc.c prefix_std_file, array_func.c); Torque appends
+    "-<index>" to the name and both paths (job_clone)."""
     executable, text, settings, user, variables = how
     script = text if executable is None else None
+    torque = job["flavor"] == "torque"
     for index in indices:
         element = array_element(data, job, index)
-        for stream, flag in (("stdout", "o"), ("stderr", "e")):
+        if torque:
+            torque_arrays.subjob_fields(element, index)
+        for stream, flag in () if torque else (("stdout", "o"), ("stderr", "e")):
             path = element[stream].replace("^array_index^", str(index))
             element[stream] = path if settings.get(flag) else f"{path}.{index}"
+        # Torque's job_clone adds PBS_ARRAYID to the subjob's Variable_List.
+        own = {**variables, "PBS_ARRAYID": str(index)} if torque else variables
         folder = sim.job_dir(element["id"])
         element["argv"] = _job_argv(folder, executable, text, settings, user)
-        _store_files(folder, script, _base_env(user, variables), variables)
+        _store_files(folder, script, _base_env(user, own), own)
         data["jobs"][str(element["id"])] = element
     return f"{job['id']}[].{data['config']['server']}"
 

@@ -43,7 +43,8 @@ _TRUE = {"1", "y", "yes", "t", "true"}
 # MAX_JOB_ARRAY_SIZE=1000).
 VENDOR_DEFAULTS = {
     "pbspro": {"job_history_enable": False, "query_other_jobs": True},
-    "torque": {"job_history_enable": False, "query_other_jobs": False},
+    # TORQUE 6.1 "Server parameters": max_job_array_size unset (no limit).
+    "torque": {"job_history_enable": False, "query_other_jobs": False, "max_job_array_size": None},
     "lsf": {
         "bjobs_consistent_exit_code": False,
         "runlimit_grace": 600.0,
@@ -66,6 +67,8 @@ def _config_from_env() -> dict:
         found["runlimit_grace"] = env_float("KLIQUE_SIM_LSF_RUNLIMIT_GRACE", 600.0)
     if env.get("KLIQUE_SIM_LSF_MAX_JOB_ARRAY_SIZE"):
         found["max_job_array_size"] = env_int("KLIQUE_SIM_LSF_MAX_JOB_ARRAY_SIZE", 1000)
+    if env.get("KLIQUE_SIM_TORQUE_MAX_JOB_ARRAY_SIZE"):
+        found["max_job_array_size"] = env_int("KLIQUE_SIM_TORQUE_MAX_JOB_ARRAY_SIZE", 0)
     if env.get("KLIQUE_SIM_GPUS"):
         found["gpus"] = env_int("KLIQUE_SIM_GPUS", 4)
     if env.get("KLIQUE_SIM_CPUS"):
