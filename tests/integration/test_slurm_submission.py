@@ -95,7 +95,7 @@ def test_sbatch_variables_of_the_submitting_environment_do_not_change_the_job(fo
 ESTATE = """
 resources:
   ckpt:
-    profile: {{cpus: 1, memory: 100M, walltime: 1m, pools: [slurm]}}
+    profile: {{cpus: 1, memory: 100M, walltime: 2m, pools: [slurm]}}
     checkpoint_signal: {{signal: USR1, before: 50s}}
 pools:
   slurm: {{kind: slurm, partition: debug, job_root: "{job_root}", python: "{python}",
@@ -103,6 +103,8 @@ pools:
 """
 
 # Saves its state on USR1 and ends; without the signal it runs into its walltime (TIMEOUT).
+# Slurm may send the signal up to 60 s early (sbatch(1) --signal): a 2-minute walltime keeps it
+# at least 10 s after the start, once the runner is there to take it.
 CHECKPOINTING = (
     "import signal, sys, time\n"
     "def save(signum, frame):\n"

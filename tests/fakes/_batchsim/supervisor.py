@@ -55,7 +55,12 @@ def ensure_supervisor(sim: Sim) -> None:
 
 
 def _detach(sim: Sim) -> None:
-    # No SIG_IGN here: ignored signals survive exec and jobs must feel SIGINT (bkill).
+    # No SIG_IGN here: ignored signals survive exec and jobs must feel SIGINT (bkill). A command
+    # started in the background of a shell script inherits SIGINT and SIGQUIT ignored; an
+    # execution host starts jobs with the default actions (OpenPBS mom_start.c, LSF res), so
+    # they are set back here, in the session the jobs inherit them from.
+    for signum in (signal.SIGINT, signal.SIGQUIT):
+        signal.signal(signum, signal.SIG_DFL)
     # Server settings come from the state file from now on, not from the submitter's
     # environment, so a later command's KLIQUE_SIM_* values are not overridden.
     for name in [n for n in os.environ if n.startswith("KLIQUE_SIM_") and n != "KLIQUE_SIM_DIR"]:
