@@ -209,9 +209,8 @@ def _one(
         number, index = parsed
         subjobs = pbs_arrays.arrays(jobs).get(number)
         if flavor == "torque" and not subjobs and index == "":
-            return f"qstat: {torque_arrays.UNKNOWN_ARRAY[0]} {shown}", torque_arrays.UNKNOWN_ARRAY[
-                1
-            ]
+            message, status = torque_arrays.UNKNOWN_ARRAY
+            return f"qstat: {message} {shown}", status
         if not subjobs or array_forgotten(subjobs, cfg, flavor):
             return unknown, 153
         if not _visible(subjobs[0], cfg):
