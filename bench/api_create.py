@@ -1,7 +1,8 @@
 """Task creation through the API on SQLite: how many per second, and whether it slows as the
 queue grows.
 
-- creates/s from 8 concurrent clients, each sending single `POST /tasks`;
+- creates/s from 8 concurrent clients, each sending single `POST /tasks`, and beside it the
+  same clients' rate of `GET /health` (the cheapest request: the ceiling of any request here);
 - creates/s from 8 concurrent clients sending `POST /tasks/batch` of 500 tasks;
 - the median time of one `POST /tasks` with an empty queue (the baseline), again after the
   single creates (about 1,400 queued), and again with 100,000 tasks queued (filled through
@@ -171,6 +172,8 @@ def main() -> None:
         print(f"one create, empty queue      {empty_ms:8.2f} ms (median of {SAMPLES})", flush=True)
         singles = rate(api, SINGLES, single)
         print(f"{CLIENTS} clients, single creates {singles:8.1f} tasks/s", flush=True)
+        ceiling = rate(api, SINGLES, get("/health"))
+        print(f"{CLIENTS} clients, GET /health    {ceiling:8.1f} requests/s", flush=True)
         costs = cpu_per_request(api, home)
         print(f"CPU ms per request (server; clients): {costs}", flush=True)
         settle(api)
@@ -190,6 +193,7 @@ def main() -> None:
         {
             "creates_per_s": singles,
             "batch_creates_per_s": batches,
+            "health_per_s": ceiling,
             "create_ms_empty": empty_ms,
             "create_ms_1k_queued": some_ms,
             "create_ms_100k_queued": full_ms,

@@ -108,4 +108,11 @@ def serve(estate: Estate, home: Path, db_url: str, host: str, port: int) -> None
         f"klique: serving {api_url} (estate {estate.source}, {len(estate.pools)} pools)", flush=True
     )
     # Live pages hold their event streams open: a stop waits this long for them, then ends them.
-    uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=5)
+    uvicorn.run(
+        app,
+        host=host,
+        port=port,
+        http="httptools",
+        log_level="warning",
+        timeout_graceful_shutdown=5,
+    )

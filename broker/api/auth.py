@@ -12,6 +12,7 @@ from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Annotated
 
 from fastapi import Depends, FastAPI, Header, HTTPException, Request
+from starlette.concurrency import run_in_threadpool
 
 from broker.domain import Task
 from broker.errors import NotFound
@@ -92,14 +93,27 @@ def needed_scope(method: str) -> str:
     return "read" if method in SAFE else "submit"
 
 
-def caller(request: Request, authorization: Annotated[str | None, Header()] = None) -> Caller:
+async def caller(request: Request, authorization: Annotated[str | None, Header()] = None) -> Caller:
     """The API's authentication dependency: 401 with the fix when the caller is not known,
-    403 when their token's scopes do not allow the request."""
+    403 when their token's scopes do not allow the request. A token read in the last few
+    seconds is answered on the event loop; anything else is read in a worker thread."""
+    who = identities_of(request.app).remembered(bearer(authorization))
+    if who is None:
+        return await run_in_threadpool(checked_caller, request, authorization)
+    return _scoped(who, request.method)
+
+
+def checked_caller(request: Request, authorization: str | None) -> Caller:
+    """`caller`, reading the store where it must (in a worker thread)."""
     try:
         who = _resolve(identities_of(request.app), request, authorization)
     except Refused as exc:
         raise HTTPException(exc.status, str(exc)) from None
-    problem = scope_problem(who, needed_scope(request.method))
+    return _scoped(who, request.method)
+
+
+def _scoped(who: Caller, method: str) -> Caller:
+    problem = scope_problem(who, needed_scope(method))
     if problem:
         raise HTTPException(403, problem)
     return who
@@ -136,7 +150,7 @@ def actor(request: Request, authorization: Annotated[str | None, Header()] = Non
         task = store.task_for_report_digest(token_digest(token))
     if task is not None and not task.state.final:
         return Actor(task.owner, False, team=task.team, task=task.id)
-    who = caller(request, authorization)
+    who = checked_caller(request, authorization)
     return Actor(**{f.name: getattr(who, f.name) for f in fields(who)})
 
 

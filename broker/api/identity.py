@@ -157,7 +157,7 @@ def identity_router(identities: Identities, api: str) -> APIRouter:
 
     @router.post(f"{api}/tokens/{{token_id}}/revoke")
     def revoke_token(token_id: TokenId, who: Auth) -> TokenOut:
-        return TokenOut.of(identities.store.revoke(token_id, None if who.admin else who.user))
+        return TokenOut.of(identities.revoke(token_id, None if who.admin else who.user))
 
     router.include_router(browser_routes(identities))
     return router

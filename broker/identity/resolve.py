@@ -26,6 +26,10 @@ ADMIN_SCOPES = frozenset({"admin", "read", "submit"})
 # A session asks the provider again (refresh: is the user still there, in which groups?)
 # this often at most, or when the provider's access token expires, whichever is sooner.
 SESSION_RECHECK_S = 300.0
+# A Klique token read from the store is trusted this long before it is read again, so that a
+# burst of requests reads it once; a revocation through this server forgets them all at once.
+TOKEN_MEMORY_S = 5.0
+TOKEN_MEMORY_SIZE = 10_000
 
 
 @dataclass(frozen=True)
@@ -56,6 +60,10 @@ class Identities:
         self.estate = estate
         self._provider: Provider | None = None
         self._lock = threading.Lock()
+        # digest -> (monotonic time read, what the store keeps); `_revocations` counts the
+        # revocations, so that a read that began before one is not remembered after it.
+        self._tokens: dict[str, tuple[float, TokenInfo]] = {}
+        self._revocations = 0
 
     @property
     def identity(self) -> IdentityFile | None:
@@ -73,7 +81,7 @@ class Identities:
     # Klique's own tokens
 
     def from_token(self, token: str) -> Caller:
-        found = self.store.token(token)
+        found = self._token(token)
         if found is None:
             raise Refused(401, f"missing or unknown token; {LOGIN_HINT}")
         if found.revoked:
@@ -81,6 +89,37 @@ class Identities:
         if found.expired(time.time()):
             raise Refused(401, f"token {found.id} has expired; ask the platform team for a new one")
         return self._token_caller(found)
+
+    def remembered(self, token: str) -> Caller | None:
+        """The caller of a token in force that was read from the store in the last few seconds,
+        or None (ask `from_token`). Reads nothing: the event loop may call it."""
+        entry = self._tokens.get(token_digest(token)) if token else None
+        if entry is None or time.monotonic() - entry[0] > TOKEN_MEMORY_S:
+            return None
+        found = entry[1]
+        if found.revoked or found.expired(time.time()):
+            return None
+        return self._token_caller(found)
+
+    def revoke(self, token_id: str, user: str | None = None) -> TokenInfo:
+        """Revoke a token (one of `user`'s when given): refused from the next request on."""
+        revoked = self.store.revoke(token_id, user)
+        with self._lock:
+            self._revocations += 1
+            self._tokens.clear()
+        return revoked
+
+    def _token(self, token: str) -> TokenInfo | None:
+        with self._lock:
+            revocations = self._revocations
+        found = self.store.token(token)
+        if found is not None:
+            with self._lock:
+                if revocations == self._revocations:  # no revocation ended during the read
+                    if len(self._tokens) >= TOKEN_MEMORY_SIZE:
+                        self._tokens.clear()
+                    self._tokens[token_digest(token)] = (time.monotonic(), found)
+        return found
 
     def _token_caller(self, found: TokenInfo) -> Caller:
         estate = self.estate()
