@@ -1,5 +1,9 @@
 """Batch templates: quoting, directives from the estate, errors that name file and line."""
 
+import os
+import signal
+import subprocess
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -188,3 +192,34 @@ def test_a_sites_templates_dir_is_searched_first_with_the_same_fallbacks(tmp_pat
     assert render_preview(estate, sample_task(estate, "1-gpu"), None, False).script == (
         "#!/bin/bash\n# just for 1-gpu\n"
     )
+
+
+def test_a_checkpoint_signal_before_the_runner_has_its_handler_does_not_end_the_job(tmp_path):
+    """The job's script runs; its `python3` (here a stand-in that waits, as the runner's
+    start does) is sent USR1 and USR2 before it could set a handler: the job goes on."""
+    text = (ROOT / "examples" / "estate.yaml").read_text()
+    jobs = tmp_path / "jobs"
+    (jobs / "klique-0").mkdir(parents=True)
+    script = script_for(parse_estate(text.replace("/tmp/klique-jobs", str(jobs)), "e.yaml"))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    ready, release = tmp_path / "ready", tmp_path / "release"
+    stand_in = bin_dir / "python3"
+    stand_in.write_text(
+        f"#!/bin/sh\ntouch {ready}\nwhile [ ! -e {release} ]; do sleep 0.05; done\nexit 7\n"
+    )
+    stand_in.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    job = subprocess.Popen(["bash", "-c", script], env=env)
+    try:
+        deadline = time.monotonic() + 30
+        while not ready.exists():
+            assert job.poll() is None and time.monotonic() < deadline, "the stand-in never ran"
+            time.sleep(0.02)
+        job.send_signal(signal.SIGUSR1)
+        job.send_signal(signal.SIGUSR2)
+        release.touch()
+        assert job.wait(30) == 7  # its own exit, not the signal's
+    finally:
+        job.kill()
+        job.wait()
