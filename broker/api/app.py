@@ -13,7 +13,8 @@ from pydantic import BaseModel
 from broker.api import artifacts, sdk, sweeps
 from broker.api.agents import agent_router
 from broker.api.auth import Auth, Caller, bearer, owned_task, reporting_task
-from broker.api.create import new_task, spec_of
+from broker.api.create import queue_task, spec_of
+from broker.api.creations import Creations
 from broker.api.identity import identity_router
 from broker.api.limits import BodyLimit
 from broker.api.schemas import (
@@ -120,10 +121,12 @@ def create_app(scheduler: Scheduler, lifespan: Any = None) -> FastAPI:
             "via": who.via,
         }
 
+    creations = Creations(scheduler.store)
+
     @app.post(f"{API}/tasks", status_code=201)
-    def submit(body: SubmitRequest, who: Auth) -> TaskOut:
+    async def submit(body: SubmitRequest, who: Auth) -> TaskOut:
         spec = spec_of(body, scheduler.estate.default_resource or "")
-        return _task_out(new_task(scheduler, who, spec), scheduler)
+        return _task_out(await queue_task(scheduler, creations, who, spec), scheduler)
 
     @app.get(f"{API}/tasks")
     def list_tasks(

@@ -9,6 +9,7 @@ from typing import Any
 from fastapi import HTTPException
 
 from broker.api.auth import Caller
+from broker.api.creations import Creations
 from broker.api.schemas import SubmitRequest
 from broker.domain import LOCAL_POOL, CodeSpec, Estate, Task, TaskSpec, TaskState
 from broker.errors import NotFound, NotPermitted
@@ -85,6 +86,18 @@ def new_task(
         task = store.create_queued([(spec, gpus, {})], who.user, team)[1][0]
     else:
         task = store.create_task(spec, who.user, team, gpus=gpus, record=record)
+    scheduler.wake()
+    return task
+
+
+async def queue_task(
+    scheduler: Scheduler, creations: Creations, who: Caller, spec: TaskSpec
+) -> Task:
+    """A queued task from a single create (`POST /tasks`): the same checks, then written with
+    the creates of other requests waiting at the same moment."""
+    team = check_task(scheduler, who, spec)
+    gpus = scheduler.estate.resources[spec.resource].profile.gpu_share
+    task = await creations.create(spec, gpus, who.user, team)
     scheduler.wake()
     return task
 

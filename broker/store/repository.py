@@ -206,31 +206,28 @@ class Store(RecordMethods):
                 sweep_id = found.id
                 for value in values:
                     value["sweep_id"] = sweep_id
-            # Multi-row INSERTs, no ORM objects: the cost of a task stays a small constant.
-            statement = insert(TaskRow).returning(TaskRow.id, sort_by_parameter_order=True)
-            ids = list(session.connection().scalars(statement, values))
-            events = [
-                {"task_id": i, "time": now, "old_state": "created", "new_state": queued.value}
-                for i in ids
-            ]
-            session.connection().execute(insert(TaskEventRow), events)
-            session.info.setdefault(TOUCHED, set()).update(ids)
+            ids = _insert_queued(session, values, now)
         return sweep_id, [
-            Task(
-                id=task_id,
-                spec=spec,
-                owner=owner,
-                team=team,
-                state=queued,
-                gpus=gpus,
-                diff_bytes=value["diff_bytes"],
-                parameters=record.get("parameters") or {},
-                parent=record.get("parent_id"),
-                sweep=sweep_id,
-                created_at=now,
-                queued_at=now,
-            )
+            _queued_task(task_id, spec, owner, team, gpus, record, value, sweep_id)
             for task_id, (spec, gpus, record), value in zip(ids, items, values, strict=True)
+        ]
+
+    def create_queued_each(
+        self, items: Sequence[tuple[TaskSpec, float, str, str | None]]
+    ) -> list[Task]:
+        """Queued tasks of several owners, each (spec, GPUs, owner, team), in one transaction:
+        the single creates of concurrent requests, written together."""
+        now = time.time()
+        queued = TaskState.QUEUED
+        values = [
+            _row_values(spec, owner, team, gpus, queued, "", {}, now)
+            for spec, gpus, owner, team in items
+        ]
+        with self._tx() as session:
+            ids = _insert_queued(session, values, now)
+        return [
+            _queued_task(task_id, spec, owner, team, gpus, {}, value, None)
+            for task_id, (spec, gpus, owner, team), value in zip(ids, items, values, strict=True)
         ]
 
     def queued(self, ids: Collection[int] | None = None) -> list[QueuedRow]:
@@ -635,6 +632,45 @@ def _row_values(
         "finished_at": now if state.final else None,
         **_field_values(record),
     }
+
+
+def _insert_queued(session: Session, values: list[dict[str, Any]], now: float) -> list[int]:
+    """Insert queued tasks' rows and their creation events; their ids, in order. Multi-row
+    INSERTs, no ORM objects: the cost of a task stays a small constant."""
+    statement = insert(TaskRow).returning(TaskRow.id, sort_by_parameter_order=True)
+    ids = list(session.connection().scalars(statement, values))
+    created, queued = TaskState.CREATED.value, TaskState.QUEUED.value
+    events = [{"task_id": i, "time": now, "old_state": created, "new_state": queued} for i in ids]
+    session.connection().execute(insert(TaskEventRow), events)
+    session.info.setdefault(TOUCHED, set()).update(ids)
+    return ids
+
+
+def _queued_task(
+    task_id: int,
+    spec: TaskSpec,
+    owner: str,
+    team: str | None,
+    gpus: float,
+    record: dict[str, Any],
+    value: dict[str, Any],
+    sweep: int | None,
+) -> Task:
+    """The task just inserted from `value` (its row's columns)."""
+    return Task(
+        id=task_id,
+        spec=spec,
+        owner=owner,
+        team=team,
+        state=TaskState.QUEUED,
+        gpus=gpus,
+        diff_bytes=value["diff_bytes"],
+        parameters=record.get("parameters") or {},
+        parent=record.get("parent_id"),
+        sweep=sweep,
+        created_at=value["created_at"],
+        queued_at=value["created_at"],
+    )
 
 
 def _created_event(row: TaskRow, now: float) -> TaskEventRow:
