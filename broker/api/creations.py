@@ -27,8 +27,7 @@ class _Create:
     gpus: float
     owner: str
     team: str | None
-    loop: asyncio.AbstractEventLoop
-    done: asyncio.Future[Task]
+    done: asyncio.Future[Task]  # on the request's event loop
 
 
 class Creations:
@@ -40,10 +39,9 @@ class Creations:
 
     async def create(self, spec: TaskSpec, gpus: float, owner: str, team: str | None) -> Task:
         """A queued task, once its transaction has committed."""
-        loop = asyncio.get_running_loop()
-        done: asyncio.Future[Task] = loop.create_future()
+        done: asyncio.Future[Task] = asyncio.get_running_loop().create_future()
         with self._lock:
-            self._waiting.put(_Create(spec, gpus, owner, team, loop, done))
+            self._waiting.put(_Create(spec, gpus, owner, team, done))
             if self._writer is None:
                 self._writer = threading.Thread(target=self._write, name="klique-creates")
                 self._writer.daemon = True
@@ -84,7 +82,7 @@ def _tell(create: _Create, how: Callable[[asyncio.Future[Task], Any], None], wha
     """Settle a request's future on its own event loop, unless that loop has closed (the
     server stopped while the transaction ran: there is no one left to tell)."""
     with contextlib.suppress(RuntimeError):
-        create.loop.call_soon_threadsafe(how, create.done, what)
+        create.done.get_loop().call_soon_threadsafe(how, create.done, what)
 
 
 def _answer(done: asyncio.Future[Task], task: Task) -> None:
