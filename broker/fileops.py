@@ -79,6 +79,22 @@ SCRIPTS: dict[str, str] = {
         'printf "item %s %s %s %s\\n" "$i" "$rc" "$(base64 -w0 "$out/1")" "$e"; '
         'shift "$n"; i=$((i + 1)); done'
     ),
+    # unpack-each PARENT NAME... < tar: in PARENT, a NEW folder of mode 700 for each NAME (one
+    # mkdir for all: a NAME that was there before, or that is not then a folder of the account's
+    # own, is not made), then one tar of their files, each NAME/FILE; a line per NAME, "item
+    # INDEX EXIT " (0: made; UNPACK_FAILED: not). The files of a name not made are left out of
+    # the tar (--exclude), so that nothing lands in a folder or a link another account planted
+    # or that was there before; a fault in the tar fails the whole.
+    "unpack-each": (
+        f'umask 077; cd -- "$1" || {_UNPACKED}; shift; n=$#; old=" "; i=0; '
+        'for d do { [ -e "$d" ] || [ -L "$d" ]; } && old="$old$i "; i=$((i + 1)); done; '
+        'mkdir -m 700 -- "$@" 2>/dev/null; i=0; '
+        'for d do r=0; case "$old" in *" $i "*) r=125;; esac; '
+        '[ -d "$d" ] && [ ! -L "$d" ] && [ -O "$d" ] || r=125; '
+        f'[ "$r" -eq 0 ] || {{ r={UNPACK_FAILED}; set -- "$@" "--exclude=$d"; }}; '
+        'echo "item $i $r "; i=$((i + 1)); done; '
+        f'shift "$n"; tar -x -m -p -f - --anchored "$@" || {_UNPACKED}'
+    ),
     # collect PATH...: the regular files among them as a tar stream, each read once; links
     # stored as links (never followed); missing ones skipped.
     "collect": 'exec tar -c -f - --ignore-failed-read --warning=no-failed-read -- "$@" 2>/dev/null',

@@ -107,6 +107,38 @@ def submit_many(*arguments):
     return 0
 
 
+def unpack_each(parent, *names):
+    """unpack-each PARENT NAME... < tar: in PARENT, a new private folder for each NAME, a line
+    "item INDEX EXIT " for each (0: made; 125: not), then the tar's files, each NAME/FILE, into
+    the folders made here; the files of a name not made are skipped."""
+    os.umask(0o077)
+    named = [JOB_FOLDER.fullmatch(os.path.join(parent, n)) and "/" not in n for n in names]
+    if not names or not all(named):
+        sys.stderr.write(f"klique-helper unpack-each makes only job folders\n{UNPACK_WORDS}\n")
+        return UNPACK_FAILED
+    made = set()
+    for index, name in enumerate(names):
+        try:
+            os.mkdir(os.path.join(parent, name), 0o700)
+            made.add(name)
+        except OSError:
+            pass
+        sys.stdout.write(f"item {index} {0 if name in made else UNPACK_FAILED} \n")
+    sys.stdout.flush()
+    try:
+        with tarfile.open(fileobj=sys.stdin.buffer, mode="r|") as archive:
+            for member in archive:
+                name, _, file = member.name.partition("/")
+                if name not in names:
+                    raise ValueError(f"{member.name!r} is not in one of the folders named")
+                if name in made:
+                    _extract_member(archive, member, os.path.join(parent, name), file)
+    except (OSError, ValueError, tarfile.TarError) as exc:
+        sys.stderr.write(f"{exc}\n{UNPACK_WORDS}\n")
+        return UNPACK_FAILED
+    return 0
+
+
 def _items(arguments):
     """The (folder, command) of each item from its N words; None when they do not add up."""
     items, rest = [], list(arguments)
@@ -160,15 +192,19 @@ def _extract(folder, source=None):
     source = sys.stdin.buffer if source is None else source
     with tarfile.open(fileobj=source, mode="r|") as archive:
         for member in archive:
-            name = member.name
-            if not member.isreg() or "/" in name or name in (".", ".."):
-                raise ValueError(f"{name!r} is not a plain file name")
-            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-            fd = os.open(os.path.join(folder, name), flags, member.mode & 0o777)
-            with os.fdopen(fd, "wb") as out:
-                source = archive.extractfile(member)
-                if source is not None:
-                    _copy(source, out, None)
+            _extract_member(archive, member, folder, member.name)
+
+
+def _extract_member(archive, member, folder, name):
+    """One regular file of the tar into folder as name, a plain name, created new."""
+    if not member.isreg() or "/" in name or name in ("", ".", ".."):
+        raise ValueError(f"{member.name!r} is not a plain file name")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+    fd = os.open(os.path.join(folder, name), flags, member.mode & 0o777)
+    with os.fdopen(fd, "wb") as out:
+        source = archive.extractfile(member)
+        if source is not None:
+            _copy(source, out, None)
 
 
 def collect(*paths):
@@ -228,6 +264,7 @@ OPERATIONS: "dict[str, tuple[Callable[..., int], int | None]]" = {
     "read": (read, 3),
     "unpack": (unpack, None),
     "submit-many": (submit_many, None),
+    "unpack-each": (unpack_each, None),
     "collect": (collect, None),
     "private-dir": (private_dir, 1),
     "mkdir": (mkdir, 1),

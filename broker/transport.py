@@ -7,6 +7,7 @@ import asyncio
 import base64
 import contextlib
 import os
+import posixpath
 import pwd
 import re
 import shlex
@@ -52,6 +53,8 @@ class JobFolder:
 # One submit-many command carries at most this many items, or about this many bytes of tar.
 BATCH_ITEMS = 64
 BATCH_BYTES = 16 << 20
+# One unpack-each command makes at most this many folders (an array's elements).
+FOLDERS_AT_ONCE = 1000
 
 
 def check_account(account: str) -> None:
@@ -168,6 +171,20 @@ def _batches(items: Sequence[JobFolder]) -> list[list[tuple[JobFolder, bytes]]]:
     return batches
 
 
+def _chunks(indices: Sequence[int], items: Sequence[JobFolder]) -> list[list[int]]:
+    """These indices of items in runs of at most FOLDERS_AT_ONCE items or about BATCH_BYTES."""
+    chunks: list[list[int]] = []
+    size = 0
+    for index in indices:
+        length = sum(len(data) for data, _mode in items[index].files.values())
+        if not chunks or len(chunks[-1]) >= FOLDERS_AT_ONCE or size + length > BATCH_BYTES:
+            chunks.append([])
+            size = 0
+        chunks[-1].append(index)
+        size += length
+    return chunks
+
+
 def _item_lines(stdout: str) -> dict[int, Completed]:
     """submit-many's answer: each item's exit code and output (fileops.ITEM_LINE)."""
     found: dict[int, Completed] = {}
@@ -273,6 +290,61 @@ class Transport(ABC):
             answers += await self._submit_batch(batch, account, timeout)
         results.update(zip(named, answers, strict=True))
         return [results[index] for index in range(len(items))]
+
+    async def write_folders(
+        self, folders: Sequence[JobFolder], *, account: str, timeout: float = 60.0
+    ) -> list[KliqueError | None]:
+        """Each folder new with its files, as account, and no command (an array's elements): one
+        command (unpack-each: one mkdir and one tar) for the folders that share a parent, up to
+        FOLDERS_AT_ONCE or about BATCH_BYTES. One outcome per folder, in order: None
+        (written), CommandFailed (its name existed, or could not be made or written), or
+        TransportError (the command as a whole failed)."""
+        results: dict[int, KliqueError | None] = {}
+        parents: dict[str, list[int]] = {}
+        for n, item in enumerate(folders):
+            if item.then or not fileops.JOB_FOLDER.fullmatch(item.folder):
+                results[n] = _not_a_job_folder(item.folder)
+            else:
+                parents.setdefault(posixpath.dirname(_plain(item.folder, item.files)), []).append(n)
+        for parent, indices in parents.items():
+            for chunk in _chunks(indices, folders):
+                items = [folders[n] for n in chunk]
+                made = await self._unpack_each(parent, items, account, timeout)
+                results.update(zip(chunk, made, strict=True))
+        return [results[n] for n in range(len(folders))]
+
+    async def _unpack_each(
+        self, parent: str, folders: Sequence[JobFolder], account: str, timeout: float
+    ) -> list[KliqueError | None]:
+        names = [posixpath.basename(item.folder) for item in folders]
+        files = {
+            f"{name}/{file}": data
+            for name, item in zip(names, folders, strict=True)
+            for file, data in item.files.items()
+        }
+        argv = self.op("unpack-each", parent, *names)
+        tar = fileops.tar_of(files)
+        try:
+            done = await self.run(argv, account=account, stdin=tar, timeout=timeout)
+        except KliqueError as exc:
+            return [exc] * len(folders)
+        made = {index: found.returncode for index, found in _item_lines(done.stdout).items()}
+        if done.returncode or len(made) != len(folders):
+            words = done.stderr.strip().removesuffix(fileops.UNPACK_WORDS).strip()
+            failed = CommandFailed(
+                f"could not write {len(folders)} job folders into {parent} as {account} on "
+                f"{self.host}: {words or f'exit {done.returncode}'}"
+            )
+            return [failed] * len(folders)
+        return [
+            None
+            if made[index] == 0
+            else CommandFailed(
+                f"could not make {item.folder} as {account} on {self.host}: the name exists "
+                "already, or its folder is not writable; nothing was written"
+            )
+            for index, item in enumerate(folders)
+        ]
 
     async def _submit_batch(
         self, items: Sequence[tuple[JobFolder, bytes]], account: str, timeout: float

@@ -446,14 +446,14 @@ class BatchDriver(PoolDriver):
             replace(job.folder, files=_but_runner(job.folder.files), then=(), then_stdin=None)
             for job in elements
         ]
-        written = await self.transport.write_and_submit_many(
+        written = await self.transport.write_folders(
             without_runner, account=account, timeout=60 + len(elements)
         )
         outcomes: dict[int, Submission | Exception] = {}
         members: list[_Job] = []
-        for job, answer in zip(elements, written, strict=True):
-            if isinstance(answer, Exception):  # nothing was submitted for it
-                outcomes[job.index] = answer
+        for job, fault in zip(elements, written, strict=True):
+            if fault is not None:  # nothing was submitted for it
+                outcomes[job.index] = fault
             else:
                 members.append(job)
         if not members:

@@ -21,7 +21,7 @@ from conftest import ROOT, start_server, stop_server
 
 from broker import fileops
 from broker.errors import CommandFailed
-from broker.transport import LocalTransport, SudoTransport
+from broker.transport import JobFolder, LocalTransport, SudoTransport
 
 pytestmark = [
     pytest.mark.slurm,
@@ -131,7 +131,14 @@ def test_the_helper_does_what_the_scripts_do(sudo_rule: str, transport: str) -> 
             [f"{folder}/task.json", f"{folder}/missing", f"{folder}/link"], account="alice"
         )
         await chosen.private_dir(f"{root}/cache", account="alice")
+        elements = [JobFolder(f"{root}/klique-1-1-00000000000{n}", files, ()) for n in (1, 2)]
+        made = await chosen.write_folders(elements, account="alice")
+        again = await chosen.write_folders(elements[1:], account="alice")
         return {
+            "elements": [o is None for o in made] + [type(o).__name__ for o in again],
+            "element_modes": sorted(
+                (p.name, oct(p.stat().st_mode & 0o777)) for p in Path(elements[1].folder).iterdir()
+            ),
             "then": (shown.returncode, shown.stdout.split()[0]),
             "reused": reused,
             "read": await chosen.read_file(
@@ -157,6 +164,8 @@ def test_the_helper_does_what_the_scripts_do(sudo_rule: str, transport: str) -> 
     finally:
         remove_tree(root)
     assert got == {
+        "elements": [True, True, "CommandFailed"],
+        "element_modes": [("job.sh", "0o700"), ("task.json", "0o600")],
         "then": (0, "slurm-wlm"),
         "reused": False,
         "read": b"3456",

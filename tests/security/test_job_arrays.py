@@ -138,6 +138,12 @@ class Recording(LocalTransport):
         self.items += items
         return [Completed(0, "77\n" if item.then else "", "") for item in items]
 
+    async def write_folders(
+        self, folders: Sequence[JobFolder], *, account: str, timeout: float = 60.0
+    ) -> list[KliqueError | None]:
+        self.items += folders
+        return [None] * len(folders)
+
 
 def test_a_sweeps_values_never_reach_the_array_script(tmp_path: Path) -> None:
     """Each element runs its own task's job.sh, where the runner reads task.json: names,

@@ -1,6 +1,7 @@
-"""Many job folders in one command (submit-many): each is new, made by its account, and a name
-planted first by another account fails that item alone; a folder not named as Klique names
-job folders is never made, by the transport or by the sudo helper."""
+"""Many job folders in one command (submit-many, and unpack-each for an array's elements): each
+is new, made by its account, and a name planted first by another account fails that item
+alone; a folder not named as Klique names job folders is never made, by the transport or by the
+sudo helper."""
 
 from __future__ import annotations
 
@@ -38,6 +39,13 @@ def name(n: int) -> str:
     return f"klique-{n}-1-{n:012x}"
 
 
+class HelperTransport(LocalTransport):
+    """The file operations through the sudo helper (run as the account by runuser)."""
+
+    def op(self, name: str, *args: str) -> list[str]:
+        return ["python3", str(HELPER), name, *args]
+
+
 def submit_many(items: list[JobFolder]) -> list[Completed | Exception]:
     async def scenario() -> list[Completed | Exception]:
         return list(await LocalTransport().write_and_submit_many(items, account="alice"))
@@ -63,6 +71,12 @@ def test_folders_planted_by_another_account_are_never_written_into(job_root: Pat
         "Completed",
     ]
     assert all("File exists" in str(o) for o in outcomes[1:3])
+    assert_only_alices_folders_written(job_root, bobs)
+
+
+def assert_only_alices_folders_written(job_root: Path, bobs: Path) -> None:
+    """bob's planted folder (name 2) and the one his link names are empty; names 1 and 4 are
+    alice's private folders with her files, which bob cannot read."""
     assert os.listdir(job_root / name(2)) == [] and os.listdir(bobs) == []
     alice = pwd.getpwnam("alice").pw_uid
     for n in (1, 4):
@@ -72,8 +86,34 @@ def test_folders_planted_by_another_account_are_never_written_into(job_root: Pat
             0o700,
             True,
         )
+        files = {p.name: stat.S_IMODE(p.stat().st_mode) for p in (job_root / name(n)).iterdir()}
+        assert files == {"task.json": 0o600, "job.sh": 0o700}
+        assert (job_root / name(n) / "task.json").read_bytes() == SECRET_TASK
         peek = as_account("bob", "cat", f"{job_root}/{name(n)}/task.json")
         assert peek.returncode != 0 and "alice-secret-token" not in peek.stdout
+
+
+@pytest.mark.parametrize("transport", ["scripts", "helper"])
+def test_an_arrays_folders_planted_by_another_account_are_never_written_into(
+    job_root: Path, transport: str
+) -> None:
+    """An array's element folders, all made in one command: bob makes two of the names first
+    (a folder open to all, a link to one). Those two fail alone and stay empty; the others are
+    alice's, private, with their files."""
+    bobs = open_folder(job_root.parent / "bobs")
+    assert as_account("bob", "mkdir", "-m", "777", f"{job_root}/{name(2)}").returncode == 0
+    assert as_account("bob", "ln", "-s", str(bobs), f"{job_root}/{name(3)}").returncode == 0
+    chosen = LocalTransport() if transport == "scripts" else HelperTransport()
+    folders = [JobFolder(f"{job_root}/{name(n)}", FILES, ()) for n in (1, 2, 3, 4)]
+    outcomes = asyncio.run(chosen.write_folders(folders, account="alice"))
+    assert [type(o).__name__ for o in outcomes] == [
+        "NoneType",
+        "CommandFailed",
+        "CommandFailed",
+        "NoneType",
+    ], outcomes
+    assert all("exists already" in str(o) for o in outcomes[1:3])
+    assert_only_alices_folders_written(job_root, bobs)
 
 
 def test_a_folder_not_named_as_klique_names_job_folders_is_never_made(job_root: Path) -> None:
@@ -86,7 +126,12 @@ def test_a_folder_not_named_as_klique_names_job_folders_is_never_made(job_root: 
     assert all(isinstance(o, CommandFailed) for o in outcomes[:-1]), outcomes
     assert all("not a job folder" in str(o) for o in outcomes[:-1])
     assert isinstance(outcomes[-1], Completed) and outcomes[-1].returncode == 0
-    assert sorted(os.listdir(job_root)) == [name(8)]
+    # The same names as an array's elements.
+    folders = [JobFolder(path, FILES, ()) for path in bad]
+    folders.append(JobFolder(f"{job_root}/{name(10)}", FILES, ()))
+    made = asyncio.run(LocalTransport().write_folders(folders, account="alice"))
+    assert all("not a job folder" in str(o) for o in made[:-1]) and made[-1] is None, made
+    assert sorted(os.listdir(job_root)) == sorted([name(8), name(10)])
     assert not (job_root.parent / name(5)).exists()
 
 
@@ -99,6 +144,15 @@ def test_the_helper_refuses_a_folder_not_named_as_klique_names_them(job_root: Pa
             ["runuser", "-u", "alice", "--", "python3", str(HELPER), "submit-many", "2"]
             + [folder, "sbatch"],
             input=b"%d\n%s" % (len(tar), tar),
+            capture_output=True,
+            check=False,
+        )
+        assert (done.returncode, done.stdout) == (fileops.UNPACK_FAILED, b""), done.stderr
+    for names in ([f"../{name(9)}"], ["evil"], [name(11), f"x/{name(12)}"]):
+        done = subprocess.run(
+            ["runuser", "-u", "alice", "--", "python3", str(HELPER), "unpack-each"]
+            + [str(job_root), *names],
+            input=tar,
             capture_output=True,
             check=False,
         )

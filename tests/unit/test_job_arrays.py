@@ -33,8 +33,8 @@ pools:
 
 
 class SubmittingTransport(ScriptedTransport):
-    """Writes nothing: records each submit-many call's items, and answers every sbatch with
-    the next job id."""
+    """Writes nothing: records each submit-many call's items (and each call's folders that
+    write_folders makes), and answers every sbatch with the next job id."""
 
     def __init__(self) -> None:
         super().__init__(lambda argv, account: Completed(0, "", ""))
@@ -53,6 +53,12 @@ class SubmittingTransport(ScriptedTransport):
             else:
                 answers.append(Completed(0, "", ""))
         return answers
+
+    async def write_folders(
+        self, folders: Sequence[JobFolder], *, account: str, timeout: float = 60.0
+    ) -> list[Any]:
+        self.batches.append(list(folders))
+        return [None] * len(folders)
 
 
 def driver_for(text: str, tmp_path: Path) -> tuple[SlurmDriver, SubmittingTransport]:
