@@ -422,7 +422,6 @@ class Store(RecordMethods):
             )
         self._meter(session, row, old, new, now, charged)
         row.updated_at = now
-        session.flush()
         return _task(row)
 
     def report_digest(self, task_id: int) -> str | None:
@@ -485,8 +484,10 @@ class Store(RecordMethods):
     ) -> None:
         """One open ledger run while a task runs and is charged; a pause closes it, a resume
         opens the next (a running task's phase may change without its state changing)."""
-        query = select(LedgerRow).where(LedgerRow.task_id == row.id, LedgerRow.end.is_(None))
-        open_runs = list(session.scalars(query)) if old is TaskState.RUNNING else []
+        open_runs: list[LedgerRow] = []
+        if old is TaskState.RUNNING:
+            query = select(LedgerRow).where(LedgerRow.task_id == row.id, LedgerRow.end.is_(None))
+            open_runs = list(session.scalars(query))
         if new is TaskState.RUNNING and charged:
             if open_runs:
                 return
