@@ -19,14 +19,14 @@ UNPACK_WORDS = "klique: the files above could not be written"
 MISSING = 3  # read: the file is not there
 FILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 # A job folder as PoolDriver.new_job_dir names it (tag, attempt, 12 random hex digits), at an
-# absolute path of plain names: the only folders submit-many makes.
+# absolute path of plain names: the only folders unpack-each makes.
 JOB_FOLDER = re.compile(r"(/[A-Za-z0-9_][A-Za-z0-9_.-]*)*/klique-[0-9]+-[0-9]+-[0-9a-f]{12}")
 # The programs an unpack may run after writing a job folder (its submit command): the helper
 # runs these and nothing else, so a sudoers rule for it grants no shell.
 SUBMIT_PROGRAMS = ("sbatch", "qsub", "bsub")
-NOT_SUBMIT = 126  # submit-many: the item's command is not one of SUBMIT_PROGRAMS
-# submit-many: one line per item on stdout, "item INDEX EXIT STDOUT STDERR" (base64, so that
-# nothing a command prints can break the lines).
+NOT_SUBMIT = 126  # submit-each: the item's command is not one of SUBMIT_PROGRAMS
+# submit-each and unpack-each: one line per item on stdout, "item INDEX EXIT STDOUT STDERR"
+# (base64, so that nothing a command prints can break the lines).
 ITEM_LINE = re.compile(r"item (\d+) (\d+) ([A-Za-z0-9+/=]*) ?([A-Za-z0-9+/=]*)")
 # Without SBATCH_* and SLURM_* but SLURM_CONF: sbatch(1), "INPUT ENVIRONMENT VARIABLES", they
 # override the script's #SBATCH lines (a login shell's SBATCH_TIMELIMIT or SBATCH_PARTITION
@@ -56,28 +56,24 @@ SCRIPTS: dict[str, str] = {
         'case "$1" in --stdin=*) input=${1#--stdin=}; shift; exec "$@" <"$input";; esac; '
         'exec "$@"'
     ),
-    # submit-many [N FOLDER [--stdin=FILE] COMMAND...]... < [SIZE\n tar]...: per item (its N
-    # words, and SIZE bytes of tar), what unpack does, the command one of SUBMIT_PROGRAMS (from
-    # /dev/null or its --stdin file; _SCRUB once for all); then its ITEM_LINE. Items are
-    # independent: a name that exists fails its own item only. The tar is always read to its
-    # end, so the next item's bytes stay in step; any other fault in the framing ends the whole
-    # with UNPACK_FAILED.
-    "submit-many": (
-        f"umask 077; {_SCRUB}out=$(mktemp -d) || exit 125; trap 'rm -rf -- \"$out\"' EXIT; i=0; "
-        'item() { mkdir -m 700 -- "$1" && tar -x -m -p -f - -C "$1" || '
-        f'{{ cat >/dev/null; echo "{UNPACK_WORDS}" >&2; exit {UNPACK_FAILED}; }}; '
-        'cat >/dev/null; shift; [ "$#" -eq 0 ] && exit 0; input=/dev/null; '
-        'case "$1" in --stdin=*) input=${1#--stdin=}; shift;; esac; '
+    # submit-each [N [--stdin=FILE] COMMAND...]...: each item's command (its N words), one of
+    # SUBMIT_PROGRAMS, run from /dev/null or its --stdin file (_SCRUB once for all; the
+    # subshell that slices out its words becomes the command), then its ITEM_LINE. Items are
+    # independent; a fault in the framing ends the whole with UNPACK_FAILED. A burst of
+    # submissions is unpack-each for the folders, then this for those made.
+    "submit-each": (
+        f"umask 077; {_SCRUB}out=$(mktemp -d) || exit {UNPACK_FAILED}; "
+        "trap 'rm -rf -- \"$out\"' EXIT; i=0; "
+        'while [ "$#" -gt 0 ]; do n=$1; shift; '
+        f'case "$n" in ""|*[!0-9]*) exit {UNPACK_FAILED};; esac; '
+        f'[ "$n" -ge 1 ] && [ "$n" -le "$#" ] || exit {UNPACK_FAILED}; '
+        '( c=$#; k=0; for a do k=$((k + 1)); [ "$k" -gt "$n" ] || set -- "$@" "$a"; done; '
+        'shift "$c"; input=/dev/null; case "$1" in --stdin=*) input=${1#--stdin=}; shift;; esac; '
         f'case "$1" in {"|".join(SUBMIT_PROGRAMS)}) exec "$@" <"$input";; esac; '
         f'echo "klique: runs only {", ".join(SUBMIT_PROGRAMS)} after unpack" >&2; '
-        f"exit {NOT_SUBMIT}; }}; "
-        'while [ "$#" -gt 0 ]; do n=$1; shift; IFS= read -r size || exit 125; '
-        'case "$n:$size" in :*|*:|*[!0-9:]*) exit 125;; esac; [ "$n" -le "$#" ] || exit 125; '
-        'head -c "$size" | ( c=$#; k=0; for a do k=$((k + 1)); '
-        '[ "$k" -gt "$n" ] || set -- "$@" "$a"; done; shift "$c"; item "$@" ) '
-        '>"$out/1" 2>"$out/2"; rc=$?; e=; [ -s "$out/2" ] && e=$(base64 -w0 "$out/2"); '
-        'printf "item %s %s %s %s\\n" "$i" "$rc" "$(base64 -w0 "$out/1")" "$e"; '
-        'shift "$n"; i=$((i + 1)); done'
+        f'exit {NOT_SUBMIT} ) >"$out/1" 2>"$out/2"; rc=$?; o=; e=; '
+        '[ -s "$out/1" ] && o=$(base64 -w0 "$out/1"); [ -s "$out/2" ] && e=$(base64 -w0 "$out/2"); '
+        'printf "item %s %s %s %s\\n" "$i" "$rc" "$o" "$e"; shift "$n"; i=$((i + 1)); done'
     ),
     # unpack-each PARENT NAME... < tar: in PARENT, a NEW folder of mode 700 for each NAME (one
     # mkdir for all: a NAME that was there before, or that is not then a folder of the account's

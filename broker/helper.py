@@ -87,26 +87,6 @@ def unpack(folder, *arguments):
     return 127  # not reached
 
 
-def submit_many(*arguments):
-    """submit-many [N FOLDER [--stdin=FILE] COMMAND...]... < [SIZE\\n tar]...: for each item,
-    what unpack does, the command run as a child (stdin /dev/null or its --stdin file), then
-    one line "item INDEX EXIT STDOUT STDERR" (base64). A fault in the framing ends the whole."""
-    os.umask(0o077)
-    items = _items(arguments)
-    if items is None:
-        return UNPACK_FAILED
-    for index, (folder, command) in enumerate(items):
-        size = sys.stdin.buffer.readline().rstrip(b"\n")
-        if not size.isdigit():
-            return UNPACK_FAILED
-        data = sys.stdin.buffer.read(int(size))
-        code, out, err = _submit_item(folder, command, io.BytesIO(data))
-        words = (base64.b64encode(out).decode(), base64.b64encode(err).decode())
-        sys.stdout.write(f"item {index} {code} {words[0]} {words[1]}\n")
-        sys.stdout.flush()
-    return 0
-
-
 def unpack_each(parent, *names):
     """unpack-each PARENT NAME... < tar: in PARENT, a new private folder for each NAME, a line
     "item INDEX EXIT " for each (0: made; 125: not), then the tar's files, each NAME/FILE, into
@@ -139,29 +119,28 @@ def unpack_each(parent, *names):
     return 0
 
 
-def _items(arguments):
-    """The (folder, command) of each item from its N words; None when they do not add up."""
+def submit_each(*arguments):
+    """submit-each [N [--stdin=FILE] COMMAND...]...: each item's command, one of
+    SUBMIT_PROGRAMS, run as a child (stdin /dev/null or its --stdin file), then one line "item
+    INDEX EXIT STDOUT STDERR" (base64). A fault in the framing ends the whole."""
+    os.umask(0o077)
     items, rest = [], list(arguments)
     while rest:
         count = rest.pop(0)
         if not count.isdigit() or not 0 < int(count) <= len(rest):
-            return None
-        words, rest = rest[: int(count)], rest[int(count) :]
-        if not JOB_FOLDER.fullmatch(words[0]):  # only job folders named as Klique names them
-            return None
-        items.append((words[0], words[1:]))
-    return items
+            return UNPACK_FAILED
+        items.append(rest[: int(count)])
+        rest = rest[int(count) :]
+    for index, command in enumerate(items):
+        code, out, err = _submit(command)
+        words = (base64.b64encode(out).decode(), base64.b64encode(err).decode())
+        sys.stdout.write(f"item {index} {code} {words[0]} {words[1]}\n")
+        sys.stdout.flush()
+    return 0
 
 
-def _submit_item(folder, command, data):
-    """One item of submit-many: (exit code, stdout, stderr)."""
-    try:
-        os.mkdir(folder, 0o700)
-        _extract(folder, data)
-    except (OSError, ValueError, tarfile.TarError) as exc:
-        return UNPACK_FAILED, b"", f"{exc}\n{UNPACK_WORDS}\n".encode()
-    if not command:
-        return 0, b"", b""
+def _submit(command):
+    """One item of submit-each: (exit code, stdout, stderr)."""
     source = "/dev/null"
     if command[0].startswith("--stdin="):
         source = command.pop(0)[len("--stdin=") :]
@@ -263,7 +242,7 @@ OPERATIONS: "dict[str, tuple[Callable[..., int], int | None]]" = {
     "write": (write, 2),
     "read": (read, 3),
     "unpack": (unpack, None),
-    "submit-many": (submit_many, None),
+    "submit-each": (submit_each, None),
     "unpack-each": (unpack_each, None),
     "collect": (collect, None),
     "private-dir": (private_dir, 1),
@@ -300,7 +279,7 @@ def main(argv=None):
     if count is not None and len(rest) != count:
         sys.stderr.write(f"klique-helper {args[0]} takes {count} arguments\n")
         return 2
-    paths = rest if args[0] == "collect" else [] if args[0] == "submit-many" else rest[:1]
+    paths = rest if args[0] == "collect" else [] if args[0] == "submit-each" else rest[:1]
     if any(not path.startswith("/") for path in paths):
         sys.stderr.write(f"klique-helper {args[0]}: paths must be absolute\n")
         return 2

@@ -15,7 +15,7 @@ import signal
 import socket
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import asyncssh
 
@@ -50,11 +50,11 @@ class JobFolder:
     then_stdin: str | None = None
 
 
-# One submit-many command carries at most this many items, or about this many bytes of tar.
+# One submit-each command runs at most this many submissions; one unpack-each command makes at
+# most FOLDERS_AT_ONCE folders, or about BATCH_BYTES of files.
 BATCH_ITEMS = 64
-BATCH_BYTES = 16 << 20
-# One unpack-each command makes at most this many folders (an array's elements).
 FOLDERS_AT_ONCE = 1000
+BATCH_BYTES = 16 << 20
 
 
 def check_account(account: str) -> None:
@@ -157,20 +157,6 @@ def _not_a_job_folder(folder: str) -> CommandFailed:
     )
 
 
-def _batches(items: Sequence[JobFolder]) -> list[list[tuple[JobFolder, bytes]]]:
-    """The items with their tars, in runs of at most BATCH_ITEMS items or about BATCH_BYTES."""
-    batches: list[list[tuple[JobFolder, bytes]]] = []
-    size = 0
-    for item in items:
-        tar = fileops.tar_of(item.files)
-        if not batches or len(batches[-1]) >= BATCH_ITEMS or size + len(tar) > BATCH_BYTES:
-            batches.append([])
-            size = 0
-        batches[-1].append((item, tar))
-        size += len(tar)
-    return batches
-
-
 def _chunks(indices: Sequence[int], items: Sequence[JobFolder]) -> list[list[int]]:
     """These indices of items in runs of at most FOLDERS_AT_ONCE items or about BATCH_BYTES."""
     chunks: list[list[int]] = []
@@ -186,7 +172,8 @@ def _chunks(indices: Sequence[int], items: Sequence[JobFolder]) -> list[list[int
 
 
 def _item_lines(stdout: str) -> dict[int, Completed]:
-    """submit-many's answer: each item's exit code and output (fileops.ITEM_LINE)."""
+    """submit-each's or unpack-each's answer: each item's exit code and output
+    (fileops.ITEM_LINE)."""
     found: dict[int, Completed] = {}
     for line in stdout.splitlines():
         match = fileops.ITEM_LINE.fullmatch(line)
@@ -274,22 +261,28 @@ class Transport(ABC):
     async def write_and_submit_many(
         self, items: Sequence[JobFolder], *, account: str, timeout: float = 60.0
     ) -> list[Completed | KliqueError]:
-        """Each item as `write_files` does it, as account, in one command per BATCH_ITEMS (or
-        BATCH_BYTES of tar): each folder new, each command one of the submit programs. Items
-        are independent; one outcome per item, in order: how its command ended, CommandFailed
-        (its files could not be written), or TransportError when the command as a whole failed
-        (a timeout, a lost connection: whether the item's command ran is unknown)."""
-        results: dict[int, Completed | KliqueError] = {
-            n: _not_a_job_folder(item.folder)
-            for n, item in enumerate(items)
-            if not fileops.JOB_FOLDER.fullmatch(item.folder)
-        }
-        named = [n for n in range(len(items)) if n not in results]
-        answers: list[Completed | KliqueError] = []
-        for batch in _batches([items[n] for n in named]):
-            answers += await self._submit_batch(batch, account, timeout)
-        results.update(zip(named, answers, strict=True))
-        return [results[index] for index in range(len(items))]
+        """Each item as `write_files` does it, as account: the folders as `write_folders` makes
+        them, then the commands of those made, one of the submit programs each, in one command
+        per BATCH_ITEMS (submit-each). Items are independent; one outcome per item, in order:
+        how its command ended, CommandFailed (its folder could not be made or written), or
+        TransportError when a command as a whole failed (a timeout, a lost connection: whether
+        the item's command ran is unknown)."""
+        bare = [replace(item, then=(), then_stdin=None) for item in items]
+        results: dict[int, Completed | KliqueError] = {}
+        made = await self.write_folders(bare, account=account, timeout=timeout)
+        ready: list[int] = []
+        for n, (item, fault) in enumerate(zip(items, made, strict=True)):
+            if fault is not None:
+                results[n] = fault
+            elif item.then:
+                ready.append(n)
+            else:
+                results[n] = Completed(0, "", "")
+        for start in range(0, len(ready), BATCH_ITEMS):
+            chunk = ready[start : start + BATCH_ITEMS]
+            answers = await self._submit_each([items[n] for n in chunk], account, timeout)
+            results.update(zip(chunk, answers, strict=True))
+        return [results[n] for n in range(len(items))]
 
     async def write_folders(
         self, folders: Sequence[JobFolder], *, account: str, timeout: float = 60.0
@@ -346,37 +339,26 @@ class Transport(ABC):
             for index, item in enumerate(folders)
         ]
 
-    async def _submit_batch(
-        self, items: Sequence[tuple[JobFolder, bytes]], account: str, timeout: float
+    async def _submit_each(
+        self, items: Sequence[JobFolder], account: str, timeout: float
     ) -> list[Completed | KliqueError]:
         words: list[str] = []
-        for item, _tar in items:
-            folder = _plain(item.folder, item.files)
-            extra = [f"--stdin={folder}/{item.then_stdin}"] if item.then_stdin else []
-            words += [str(1 + len(extra) + len(item.then)), folder, *extra, *item.then]
-        stdin = b"".join(b"%d\n%s" % (len(tar), tar) for _item, tar in items)
+        for item in items:
+            extra = [f"--stdin={item.folder}/{item.then_stdin}"] if item.then_stdin else []
+            words += [str(len(extra) + len(item.then)), *extra, *item.then]
         try:
-            done = await self.run(
-                self.op("submit-many", *words), account=account, stdin=stdin, timeout=timeout
-            )
+            done = await self.run(self.op("submit-each", *words), account=account, timeout=timeout)
         except KliqueError as exc:
             return [exc] * len(items)
         found = _item_lines(done.stdout)
-        results: list[Completed | KliqueError] = []
-        for index, (item, _tar) in enumerate(items):
-            if index not in found:
-                results.append(
-                    TransportError(
-                        f"submitting {len(items)} job folders as {account} on {self.host} ended "
-                        f"before {item.folder} (exit {done.returncode}): {done.stderr.strip()}"
-                    )
-                )
-                continue
-            try:
-                results.append(self._unpacked(item.folder, item.files, account, found[index], True))
-            except CommandFailed as exc:
-                results.append(exc)
-        return results
+        return [
+            found.get(index)
+            or TransportError(
+                f"submitting {len(items)} job folders as {account} on {self.host} ended before "
+                f"{item.folder} (exit {done.returncode}): {done.stderr.strip()}"
+            )
+            for index, item in enumerate(items)
+        ]
 
     async def make_dir(self, path: str, *, account: str) -> None:
         done = await self.run(self.op("mkdir", _absolute(path)), account=account)

@@ -46,6 +46,6 @@ def build(dest: Path) -> Path:
         with open(os.path.join(tmp, "__main__.py"), "w", encoding="utf-8") as f:
             f.write(_ARCHIVE_MAIN)
         partial = f"{dest}.{os.getpid()}.tmp"
-        _zipapp.create_archive(tmp, partial, interpreter="/usr/bin/env python3")
+        _zipapp.create_archive(tmp, partial, interpreter="/usr/bin/env python3", compressed=True)
         os.replace(partial, dest)
     return dest

@@ -17,7 +17,7 @@ from broker.errors import CommandFailed
 from broker.transport import Completed, JobFolder, Transport
 
 FILES = {"task.json": (b'{"id": 1}', 0o600), "job.sh": (b"#!/bin/sh\ntrue\n", 0o700)}
-# Job folder names as Klique makes them (klique-ID-ATTEMPT-HEX): the only ones submit-many makes.
+# Job folder names as Klique makes them (klique-ID-ATTEMPT-HEX): the only ones unpack-each makes.
 NAMES = {key: f"klique-{n}-1-{n:012x}" for n, key in enumerate("abcd", 1)}
 NAMES |= {"taken": "klique-8-1-00000000beef", "linked": "klique-9-1-00000000f00d"}
 
@@ -82,7 +82,7 @@ def run_scenario(transport: Transport) -> dict[str, Any]:
 
 def _shown(outcome: Completed | Exception) -> tuple[Any, ...]:
     if isinstance(outcome, CommandFailed):
-        return ("CommandFailed", "File exists" in str(outcome))
+        return ("CommandFailed", "exists already" in str(outcome))
     if isinstance(outcome, Exception):
         return (type(outcome).__name__, str(outcome))
     return (outcome.returncode, outcome.stdout + outcome.stderr)
@@ -91,7 +91,7 @@ def _shown(outcome: Completed | Exception) -> tuple[Any, ...]:
 def expected() -> dict[str, Any]:
     version = sbatch_itself("--version")
     return {
-        "commands": 1,
+        "commands": 2,  # unpack-each for the folders, submit-each for the submissions
         "outcomes": [
             (0, version),
             ("CommandFailed", True),  # bob's folder: refused, nothing written into it

@@ -84,7 +84,7 @@ def test_a_burst_is_submitted_in_few_commands_with_one_job_per_task(
     run = driver.transport.run
 
     async def counted(argv: Sequence[str], **kwargs: Any) -> Any:
-        if fileops.SCRIPTS["submit-many"] in argv:
+        if fileops.SCRIPTS["submit-each"] in argv:
             submits.append(sum(1 for word in argv if word.endswith("/job.sh")))
         elif fileops.SCRIPTS["unpack"] in argv:
             submits.append(1)

@@ -79,12 +79,12 @@ def test_sbatch_variables_of_the_submitting_environment_do_not_change_the_job(fo
     job = job_fields(held_jobs[-1])
     assert (job["Partition"], job["TimeLimit"]) == ("debug", "00:05:00")
     assert job["UserId"].startswith("alice(")
-    # The same through submit-many, for a burst of submissions.
+    # The same through unpack-each and submit-each, for a burst of submissions.
     many_dir = folder / "klique-env-many"
-    words = ["4", str(many_dir), "sbatch", "--parsable", f"{many_dir}/job.sh"]
-    line = as_alice(
-        ["sh", "-c", SCRIPTS["submit-many"], "sh", *words], b"%d\n%s" % (len(stdin), stdin)
-    )
+    files = tar_of({f"{many_dir.name}/job.sh": (SCRIPT.encode(), 0o700)})
+    as_alice(["sh", "-c", SCRIPTS["unpack-each"], "sh", str(folder), many_dir.name], files)
+    words = ["3", "sbatch", "--parsable", f"{many_dir}/job.sh"]
+    line = as_alice(["sh", "-c", SCRIPTS["submit-each"], "sh", *words])
     answer = ITEM_LINE.fullmatch(line)
     assert answer and answer[2] == "0", line
     held_jobs.append(base64.b64decode(answer[3]).decode().strip())
