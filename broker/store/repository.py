@@ -353,9 +353,12 @@ class Store(RecordMethods):
         changed: list[Task] = []
         with self._tx() as session:
             query = select(TaskRow).where(TaskRow.id.in_(list(task_ids))).with_for_update()
-            for row in session.scalars(query):
+            rows = list(session.scalars(query))
+            runs = _open_runs(session, [row.id for row in rows])
+            for row in rows:
                 own = dict((fields or {}).get(row.id, {}))
-                done = self._change(session, row, new, reason, only_from, True, own, now)
+                args = (new, reason, only_from, True, own, now, runs.setdefault(row.id, []))
+                done = self._change(session, row, *args)
                 if done is not None:
                     changed.append(done)
         return changed
@@ -372,11 +375,16 @@ class Store(RecordMethods):
                 query = select(TaskRow).where(TaskRow.id.in_([m.task_id for m in chunk]))
                 query = query.order_by(TaskRow.id).with_for_update()  # locked in one order
                 rows = {row.id: row for row in session.scalars(query)}
+                runs = _open_runs(session, list(rows))
                 for move in chunk:
                     row = rows.get(move.task_id)
+                    if row is None:
+                        changed.append(None)
+                        continue
                     fields = dict(move.fields or {})
+                    own_runs = runs.setdefault(row.id, [])
                     args = (move.new, move.reason, move.only_from, move.charged, fields, now)
-                    changed.append(None if row is None else self._change(session, row, *args))
+                    changed.append(self._change(session, row, *args, own_runs))
         return changed
 
     def _change(
@@ -389,7 +397,11 @@ class Store(RecordMethods):
         charged: bool,
         fields: dict[str, Any],
         now: float,
+        open_runs: list[LedgerRow] | None = None,
     ) -> Task | None:
+        """One task's move, in the session: its fields, state, event and ledger runs. A batch
+        passes each task's `open_runs`, read for all its tasks at once (else they are read
+        here)."""
         task_id = row.id
         old = TaskState(row.state)
         if only_from is not None and old not in only_from:
@@ -420,7 +432,7 @@ class Store(RecordMethods):
                     reason=row.reason,
                 )
             )
-        self._meter(session, row, old, new, now, charged)
+        self._meter(session, row, old, new, now, charged, open_runs)
         row.updated_at = now
         return _task(row)
 
@@ -480,33 +492,41 @@ class Store(RecordMethods):
 
     @staticmethod
     def _meter(
-        session: Session, row: TaskRow, old: TaskState, new: TaskState, now: float, charged: bool
+        session: Session,
+        row: TaskRow,
+        old: TaskState,
+        new: TaskState,
+        now: float,
+        charged: bool,
+        open_runs: list[LedgerRow] | None = None,
     ) -> None:
         """One open ledger run while a task runs and is charged; a pause closes it, a resume
-        opens the next (a running task's phase may change without its state changing)."""
-        open_runs: list[LedgerRow] = []
-        if old is TaskState.RUNNING:
-            query = select(LedgerRow).where(LedgerRow.task_id == row.id, LedgerRow.end.is_(None))
-            open_runs = list(session.scalars(query))
+        opens the next (a running task's phase may change without its state changing).
+        `open_runs`, where given, are the task's open runs, kept current here."""
+        if open_runs is None:
+            reads = old is TaskState.RUNNING
+            open_runs = _open_runs(session, [row.id]).get(row.id, []) if reads else []
+        running = open_runs if old is TaskState.RUNNING else []
         if new is TaskState.RUNNING and charged:
-            if open_runs:
+            if running:
                 return
-            session.add(
-                LedgerRow(
-                    task_id=row.id,
-                    owner=row.owner,
-                    team=row.team,
-                    project=row.project,
-                    resource=row.resource,
-                    pool=row.pool or "",
-                    gpus=row.gpus,
-                    start=now,
-                )
+            run = LedgerRow(
+                task_id=row.id,
+                owner=row.owner,
+                team=row.team,
+                project=row.project,
+                resource=row.resource,
+                pool=row.pool or "",
+                gpus=row.gpus,
+                start=now,
             )
+            session.add(run)
+            open_runs.append(run)
             return
-        for run in open_runs:
+        for run in running:
             run.end = now
             run.gpu_seconds = run.gpus * (now - run.start)
+        open_runs[:] = [run for run in open_runs if run.end is None]
 
     def ledger(self, since: float | None = None) -> list[LedgerRow]:
         query = select(LedgerRow).order_by(LedgerRow.start)
@@ -701,6 +721,16 @@ def _spec_json(spec: TaskSpec) -> tuple[str, str]:
     data = spec_to_dict(spec)
     diff = data["code"].pop("diff", "") if data.get("code") else ""
     return json.dumps(data), diff
+
+
+def _open_runs(session: Session, task_ids: Sequence[int]) -> dict[int, list[LedgerRow]]:
+    """The ledger runs of these tasks not yet ended, by task."""
+    found: dict[int, list[LedgerRow]] = {}
+    if task_ids:
+        query = select(LedgerRow).where(LedgerRow.task_id.in_(task_ids), LedgerRow.end.is_(None))
+        for run in session.scalars(query):
+            found.setdefault(run.task_id, []).append(run)
+    return found
 
 
 def _task(row: TaskRow, with_diff: bool = True) -> Task:

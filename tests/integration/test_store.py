@@ -106,6 +106,33 @@ def test_a_looks_moves_are_each_their_own_and_guarded(store, monkeypatch):
     assert store.events(a)[-1]["reason"] == "R" and store.events(d)[-1]["to"] == "queued"
 
 
+def test_a_looks_moves_keep_the_ledger_as_single_moves_do(store):
+    """One move_each transaction: a running task paused then resumed (its run closed, a new
+    one opened), one that ends (its run closed, GPU-seconds counted), one that starts (a run
+    opened), and one already running that stays so (no second run)."""
+    made = [store.create_task(spec(), "alice", None, gpus=1) for _ in range(4)]
+    paused, ending, starting, steady = (t.id for t in made)
+    placed = {t.id: {"pool": "p"} for t in made}
+    store.change_states(list(placed), S.PLACED, "", [S.QUEUED], placed)
+    store.change_states(list(placed), S.SUBMITTED, "", [S.PLACED])
+    store.change_states([paused, ending, steady], S.RUNNING, "", [S.SUBMITTED])
+    store.move_each(
+        [
+            Move(paused, S.RUNNING, "suspended", charged=False),
+            Move(ending, S.COMPLETED, "done", fields={"exit_code": 0}),
+            Move(starting, S.RUNNING, "R"),
+            Move(paused, S.RUNNING, "resumed"),
+            Move(steady, S.RUNNING, "R"),
+        ]
+    )
+    runs: dict[int, list[bool]] = {}  # each task's runs in order: still open?
+    for run in store.ledger():
+        runs.setdefault(run.task_id, []).append(run.end is None)
+        if run.end is not None:
+            assert run.gpu_seconds == pytest.approx(run.gpus * (run.end - run.start))
+    assert runs == {paused: [False, True], ending: [False], starting: [True], steady: [True]}
+
+
 def test_concurrent_writers_one_wins(store):
     task = store.create_task(spec(), "alice", None)
     store.change_state(task.id, S.PLACED, pool="p")
