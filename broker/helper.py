@@ -166,10 +166,9 @@ def _scheduler_input(name):
     return name.startswith(("SBATCH_", "SLURM_")) and name != "SLURM_CONF"
 
 
-def _extract(folder, source=None):
+def _extract(folder):
     """The tar stream's regular files, each a plain name, created new with its own mode."""
-    source = sys.stdin.buffer if source is None else source
-    with tarfile.open(fileobj=source, mode="r|") as archive:
+    with tarfile.open(fileobj=sys.stdin.buffer, mode="r|") as archive:
         for member in archive:
             _extract_member(archive, member, folder, member.name)
 

@@ -295,7 +295,9 @@ class Transport(ABC):
         results: dict[int, KliqueError | None] = {}
         parents: dict[str, list[int]] = {}
         for n, item in enumerate(folders):
-            if item.then or not fileops.JOB_FOLDER.fullmatch(item.folder):
+            if item.then:
+                raise ValueError(f"write_folders runs no command: {item.folder} has {item.then}")
+            if not fileops.JOB_FOLDER.fullmatch(item.folder):
                 results[n] = _not_a_job_folder(item.folder)
             else:
                 parents.setdefault(posixpath.dirname(_plain(item.folder, item.files)), []).append(n)
