@@ -33,8 +33,8 @@ pools:
 
 
 class SubmittingTransport(ScriptedTransport):
-    """Writes nothing: records each submit-many call's items (and each call's folders that
-    write_folders makes), and answers every sbatch with the next job id."""
+    """Writes nothing: records the items of each write_and_submit_many call and the folders of
+    each write_folders call, and answers every sbatch with the next job id."""
 
     def __init__(self) -> None:
         super().__init__(lambda argv, account: Completed(0, "", ""))
