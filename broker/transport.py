@@ -40,9 +40,9 @@ class Completed:
 
 @dataclass(frozen=True)
 class JobFolder:
-    """One item of `Transport.write_and_submit_many`: a new folder, its files (name -> (data,
-    mode)), and the submit command to run after writing them (its stdin the folder's file
-    `then_stdin`, if given)."""
+    """One item of `Transport.write_and_submit_many` (or, without a command, of
+    `write_folders`): a new folder, its files (name -> (data, mode)), and the submit command to
+    run after writing them (its stdin the folder's file `then_stdin`, if given)."""
 
     folder: str
     files: Mapping[str, tuple[bytes, int]]
@@ -328,7 +328,8 @@ class Transport(ABC):
             words = done.stderr.strip().removesuffix(fileops.UNPACK_WORDS).strip()
             failed = CommandFailed(
                 f"could not write {len(folders)} job folders into {parent} as {account} on "
-                f"{self.host}: {words or f'exit {done.returncode}'}"
+                f"{self.host}: {words or f'exit {done.returncode}'}; fix: let {account} make "
+                f"folders in {parent} (the pool's job_root), with space left there"
             )
             return [failed] * len(folders)
         return [
@@ -336,7 +337,7 @@ class Transport(ABC):
             if made[index] == 0
             else CommandFailed(
                 f"could not make {item.folder} as {account} on {self.host}: the name exists "
-                "already, or its folder is not writable; nothing was written"
+                f"already, or {parent} is not writable by {account}; nothing was written"
             )
             for index, item in enumerate(folders)
         ]

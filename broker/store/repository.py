@@ -504,8 +504,9 @@ class Store(RecordMethods):
         opens the next (a running task's phase may change without its state changing).
         `open_runs`, where given, are the task's open runs, kept current here."""
         if open_runs is None:
-            reads = old is TaskState.RUNNING
-            open_runs = _open_runs(session, [row.id]).get(row.id, []) if reads else []
+            open_runs = []
+            if old is TaskState.RUNNING:
+                open_runs = _open_runs(session, [row.id]).get(row.id, [])
         running = open_runs if old is TaskState.RUNNING else []
         if new is TaskState.RUNNING and charged:
             if running:
@@ -526,7 +527,7 @@ class Store(RecordMethods):
         for run in running:
             run.end = now
             run.gpu_seconds = run.gpus * (now - run.start)
-        open_runs[:] = [run for run in open_runs if run.end is None]
+        running.clear()  # closed: the batch's later moves of this task see none open
 
     def ledger(self, since: float | None = None) -> list[LedgerRow]:
         query = select(LedgerRow).order_by(LedgerRow.start)
