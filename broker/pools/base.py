@@ -47,6 +47,37 @@ RUNNER_OUTCOMES = ("completed", "failed", "setup_failed", "timeout")
 PREEMPTED_MARKER = "preempted"  # docs/job-directory.md: the runner reports `preempted`
 
 
+CONFIRM_S = 1.0  # a claimed end is looked for this soon after it is first seen
+
+
+@dataclass
+class ClaimedEnds:
+    """When to look again for the ends runners claimed. A runner reports its end just before
+    its job ends, and the end is final only once the pool has seen it: so the pool is asked
+    again soon after a new claim, rather than at its interval, then twice as late each time
+    while the same claims wait (a job slow to leave), up to the interval."""
+
+    interval_s: float
+    waiting: frozenset[int] = frozenset()  # the claims the last look did not confirm
+    wait_s: float = CONFIRM_S
+
+    def seen(self, waiting: frozenset[int]) -> None:
+        """What a look left unconfirmed."""
+        fresh = waiting - self.waiting
+        self.wait_s = CONFIRM_S if fresh else min(self.wait_s * 2, self.interval_s)
+        self.waiting = waiting
+
+    def due(self, claimed: frozenset[int], since_s: float) -> bool:
+        """Whether a look `since_s` after the last one should ask the pool early for these."""
+        if not claimed:
+            return False
+        return since_s >= (CONFIRM_S if claimed - self.waiting else self.wait_s)
+
+    def next_in(self) -> float:
+        """The wait before the next look."""
+        return min(self.wait_s, self.interval_s) if self.waiting else self.interval_s
+
+
 @dataclass(frozen=True)
 class Submission:
     native_id: str

@@ -35,6 +35,7 @@ from broker.pools.arrays import (
 from broker.pools.base import (
     PREEMPTED_MARKER,
     RUNNER_OUTCOMES,
+    ClaimedEnds,
     Context,
     Observation,
     PoolDriver,
@@ -143,6 +144,8 @@ class BatchDriver(PoolDriver):
         self.lost_after_s = float(pool.settings.get("lost_after") or 120)  # type: ignore[arg-type]
         self._backoff = 1
         self._next_poll = 0.0
+        self._polled_at = 0.0
+        self._claims = ClaimedEnds(self.interval_s)
         self._last: dict[str, NativeStatus] = {}
         self._missing_since: dict[int, float] = {}
         self._phases: dict[int, str] = {}  # the phase last reported for each running task
@@ -553,10 +556,15 @@ class BatchDriver(PoolDriver):
         )
 
     async def poll(self, tasks: Sequence[Task]) -> dict[int, Observation]:
-        """One status query for all of the pool's jobs, at the pool's interval with jitter."""
+        """One status query for all of the pool's jobs, at the pool's interval with jitter, or
+        sooner where a runner has claimed its end (at most once a second while claims come)."""
         now = time.monotonic()
-        if now < self._next_poll:
+        claimed = frozenset(t.id for t in tasks if t.claim is not None)
+        early = self._backoff == 1 and self._claims.due(claimed, now - self._polled_at)
+        if now < self._next_poll and not early:
             return {}
+        self._polled_at = now
+        self._claims.seen(claimed)
         accounts = sorted({a for t in tasks if (a := self._account_or_none(t))})
         try:
             listing = await self._status(accounts or [self.query_account()])

@@ -21,7 +21,7 @@ from dataclasses import replace
 from broker.domain import Task, TaskState
 from broker.errors import KliqueError, SubmitUnknown, TransportError
 from broker.faults import crash_point
-from broker.pools.base import PoolDriver, Submission
+from broker.pools.base import ClaimedEnds, Observation, PoolDriver, Submission
 from broker.scheduler.link import ACTIVE, Accepted, Attempt, ControlPlane
 from broker.scheduler.placement import PoolState
 from broker.store.repository import token_digest
@@ -58,6 +58,7 @@ class PoolAgent:
         self._preempted: set[int] = set()  # asked to stop once already
         self._operations: set[asyncio.Task[None]] = set()
         self._slots = asyncio.Semaphore(submit_concurrency)
+        self._claims = ClaimedEnds(interval_s)
 
     def wake(self) -> None:
         """Look again now (new placements or intents); call on the agent's event loop."""
@@ -75,7 +76,7 @@ class PoolAgent:
             # Wakes coalesce: a look reads every task the pool holds, so while reports and
             # placements stream in, looks rest as long as they take rather than run back to back.
             await asyncio.sleep(min(_REST * (time.monotonic() - started), _MOST_REST_S))
-            delay = self.interval_s * self._backoff
+            delay = self.interval_s * self._backoff if self._backoff > 1 else self._claims.next_in()
             waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self._wake.wait())]
             await asyncio.wait(waits, timeout=delay, return_when=asyncio.FIRST_COMPLETED)
             for w in waits:
@@ -129,6 +130,7 @@ class PoolAgent:
         crash_point("after_poll")
         by_id = {t.id: t for t in followed}
         await self.link.observed([(by_id[task_id], seen) for task_id, seen in news.items()])
+        self._claims.seen(_unconfirmed(followed, news))
         active = [t for t in tasks if t.state in ACTIVE]
         state = await self.driver.capacity(active)
         if state.reachable:
@@ -261,6 +263,15 @@ class PoolAgent:
     async def _preempt(self, task: Task) -> None:
         """Reclaim: stop a borrowed run; it is requeued when its pool reports it ended."""
         await self.driver.preempt(task)
+
+
+def _unconfirmed(followed: list[Task], news: dict[int, Observation]) -> frozenset[int]:
+    """The tasks whose runner claimed an end that this look did not see."""
+    return frozenset(
+        t.id
+        for t in followed
+        if t.claim is not None and not (t.id in news and news[t.id].state.final)
+    )
 
 
 def _words(exc: BaseException) -> str:

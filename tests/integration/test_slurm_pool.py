@@ -55,3 +55,49 @@ def test_a_held_job_is_pending_with_squeues_reason(held_pool):
         return out in ("", "CANCELLED")
 
     wait_for(gone, 60, f"job {native_id} to leave the queue")
+
+
+def test_a_claimed_end_is_confirmed_without_waiting_for_the_next_poll(slurm_cluster, test_users):
+    """The runner reports its end just before its job ends: the pool looks again soon after,
+    rather than at its poll interval (an hour here), and the tasks end with their exit codes."""
+    folder = shared_folder("klique-slurm-claims-")
+    job_root = open_folder(slurm_cluster.work / f"jobs-{folder.name}")
+    estate = folder / "estate.yaml"
+    estate.write_text(
+        """
+resources:
+  short:
+    profile: {cpus: 1, memory: 100M, walltime: 10m, pools: [batch]}
+pools:
+"""
+        + pool_yaml("slurm", job_root, None, poll_interval="1h")
+    )
+    server = start_server(folder / "home", estate)
+    try:
+        alice = server.make_token("alice")
+        ids = {
+            code: submitted_id(
+                server.cli(
+                    "submit",
+                    "--no-code",
+                    "--json",
+                    "-r",
+                    "short",
+                    "--",
+                    "sh",
+                    "-c",
+                    f"exit {code}",
+                    token=alice,
+                )
+            )
+            for code in (0, 3)
+        }
+        for code, task_id in ids.items():
+            task = server.wait_state(task_id, token=alice, timeout=120)
+            assert (task["state"], task["exit_code"]) == (
+                ("completed", 0) if code == 0 else ("failed", code)
+            ), task
+    finally:
+        stop_server(server)
+        remove_tree(job_root)
+        remove_tree(folder)

@@ -7,46 +7,21 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
+
+from scripted_transport import Answer, ScriptedTransport
 
 from broker.domain import Task, TaskState
 from broker.estate import parse_estate
 from broker.pools.base import Context
 from broker.pools.pbs import PbsDriver
 from broker.preview import sample_task
-from broker.transport import Completed, Transport
+from broker.transport import Completed
 
 DATA = Path(__file__).resolve().parents[1] / "data"
-Answer = Callable[[list[str], str], Completed]
-
-
-class ScriptedTransport(Transport):
-    """Answers each command with `answer(argv, account)`; files come from a dict."""
-
-    host = "login"
-
-    def __init__(self, answer: Answer, files: Mapping[str, bytes] | None = None) -> None:
-        self.answer = answer
-        self.files = dict(files or {})
-        self.calls: list[tuple[list[str], str]] = []
-
-    async def run(self, argv: Sequence[str], *, account: str, **_: Any) -> Completed:
-        self.calls.append((list(argv), account))
-        return self.answer(list(argv), account)
-
-    async def read_file(
-        self, path: str, *, account: str | None = None, offset: int = 0
-    ) -> bytes | None:
-        return self.files.get(path)
-
-    async def read_files(self, paths: Sequence[str], *, account: str) -> dict[str, bytes]:
-        return {p: self.files[p] for p in paths if p in self.files}
-
-    async def _exec(self, *args: Any) -> Any:
-        raise AssertionError("no process runs here")
 
 
 def estate_of(kind: str, settings: str = "") -> Any:

@@ -12,7 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from test_batch_status import ScriptedTransport
+from scripted_transport import ScriptedTransport
 
 from broker.domain import Task, TaskState
 from broker.pools.arrays import ARRAY_NAME, array_name, dispatcher, elements_of

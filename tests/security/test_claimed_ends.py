@@ -1,0 +1,114 @@
+"""A runner's claimed end makes its pool ask the scheduler sooner, never more: however often
+a job repeats its claim, and however many jobs claim at once, the scheduler is asked at most
+once a second, and a claim the scheduler does not confirm is asked for less and less often
+(docs/job-directory.md, SECURITY.md section 7)."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from scripted_transport import ScriptedTransport
+
+from broker.domain import Task, TaskState
+from broker.estate import parse_estate
+from broker.pools import batch
+from broker.pools.base import CONFIRM_S, Context
+from broker.pools.pbs import PbsDriver
+from broker.preview import sample_task
+from broker.transport import Completed
+
+INTERVAL_S = 60.0
+STEP_S = 0.1
+CLAIM = {"exit_code": 0, "outcome": "completed", "reason": "done (or so it says)"}
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def still_running(argv: list[str], account: str) -> Completed:
+    """Torque's qstat -f: every job named is still running, whatever its runner claims."""
+    jobs = [a for a in argv if a.endswith(".tq")]
+    return Completed(
+        0,
+        "".join(
+            f"Job Id: {j}\n    Job_Name = klique-{j[:-3]}\n    job_state = R\n\n" for j in jobs
+        ),
+        "",
+    )
+
+
+@pytest.fixture
+def pool(monkeypatch: pytest.MonkeyPatch) -> tuple[PbsDriver, ScriptedTransport, Any, Clock]:
+    estate = parse_estate(
+        f"""
+resources:
+  r: {{profile: {{pools: [p], cpus: 1, walltime: 1h}}}}
+pools:
+  p: {{kind: pbs, dialect: torque, job_root: /jobs, poll_interval: {INTERVAL_S:g}s,
+      user_map: {{bob: bob}}}}
+"""
+    )
+    clock = Clock()
+    monkeypatch.setattr(batch.time, "monotonic", clock)
+    transport = ScriptedTransport(still_running)
+    context = Context(estate, Path("."), Path("klique-runner.pyz"), None)
+    return PbsDriver(estate.pools["p"], context, transport), transport, estate, clock
+
+
+def running(estate: Any, task_id: int, claimed: bool) -> Task:
+    task = replace(
+        sample_task(estate, "r", "bob"),
+        id=task_id,
+        state=TaskState.RUNNING,
+        native_id=f"{task_id}.tq",
+        job_dir=f"/jobs/klique-{task_id}",
+    )
+    return replace(task, claim=dict(CLAIM)) if claimed else task
+
+
+def query_times(transport: ScriptedTransport, times: list[float], clock: Clock) -> None:
+    """Notes the clock whenever a poll asked the scheduler about jobs."""
+    asked = [argv for argv, _ in transport.calls if argv[0] == "qstat" and "-B" not in argv]
+    if len(asked) > len(times):
+        times.append(clock.now)
+
+
+def test_a_job_repeating_its_claim_gets_fewer_and_fewer_queries(pool) -> None:
+    driver, transport, estate, clock = pool
+    asked: list[float] = []
+    asyncio.run(driver.poll([running(estate, 1, claimed=False)]))  # the first look
+    query_times(transport, asked, clock)
+    start = clock.now
+    for _ in range(int(INTERVAL_S / STEP_S)):  # a minute of claims repeated at every look
+        clock.now += STEP_S
+        asyncio.run(driver.poll([running(estate, 1, claimed=True)]))
+        query_times(transport, asked, clock)
+    gaps = [round(b - a, 1) for a, b in zip(asked, asked[1:], strict=False)]
+    assert gaps[:2] == [CONFIRM_S, CONFIRM_S], gaps  # the claim is looked for soon, twice
+    later = gaps[1:]
+    assert all(b >= 2 * a - STEP_S for a, b in zip(later, later[1:], strict=False)), gaps
+    assert len(asked) <= 7, [round(t - start, 1) for t in asked]  # against 1 at the interval
+
+
+def test_many_jobs_claiming_at_once_get_one_query_a_second(pool) -> None:
+    driver, transport, estate, clock = pool
+    asked: list[float] = []
+    asyncio.run(driver.poll([running(estate, i, claimed=False) for i in range(1, 201)]))
+    query_times(transport, asked, clock)
+    for step in range(200):  # a new task claims its end at every look, for 20 s
+        clock.now += STEP_S
+        tasks = [running(estate, i, claimed=i <= step + 1) for i in range(1, 201)]
+        asyncio.run(driver.poll(tasks))
+        query_times(transport, asked, clock)
+    gaps = [b - a for a, b in zip(asked, asked[1:], strict=False)]
+    assert gaps and min(gaps) >= CONFIRM_S - 1e-9, gaps
+    assert len(asked) <= 1 + 200 * STEP_S / CONFIRM_S

@@ -1,0 +1,33 @@
+"""When a pool is asked again for the ends runners claimed (broker/pools/base.py: ClaimedEnds):
+soon after a new claim, then less and less often while the same claims wait, never more often
+than CONFIRM_S nor less often than the pool's interval."""
+
+from broker.pools.base import CONFIRM_S, ClaimedEnds
+
+
+def test_without_claims_the_pool_is_looked_at_at_its_interval() -> None:
+    claims = ClaimedEnds(interval_s=10.0)
+    claims.seen(frozenset())
+    assert claims.next_in() == 10.0
+    assert not claims.due(frozenset(), since_s=60.0)
+
+
+def test_a_new_claim_is_looked_for_soon_and_a_waiting_one_less_and_less_often() -> None:
+    claims = ClaimedEnds(interval_s=10.0)
+    assert not claims.due(frozenset({1}), since_s=CONFIRM_S / 2)
+    assert claims.due(frozenset({1}), since_s=CONFIRM_S)
+    claims.seen(frozenset({1}))  # the look did not see task 1's job end
+    assert claims.next_in() == CONFIRM_S
+    waits = []
+    for _ in range(6):
+        claims.seen(frozenset({1}))  # nor did the next ones
+        waits.append(claims.next_in())
+        assert not claims.due(frozenset({1}), since_s=waits[-1] / 2)
+        assert claims.due(frozenset({1}), since_s=waits[-1])
+    assert waits == [2 * CONFIRM_S, 4 * CONFIRM_S, 8 * CONFIRM_S, 10.0, 10.0, 10.0]
+    # another task's claim: soon again
+    assert claims.due(frozenset({1, 2}), since_s=CONFIRM_S)
+    claims.seen(frozenset({1, 2}))
+    assert claims.next_in() == CONFIRM_S
+    claims.seen(frozenset())  # both seen ended
+    assert claims.next_in() == 10.0
