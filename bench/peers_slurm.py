@@ -4,11 +4,12 @@ Klique one task a request (as `klique submit` does), and Klique as one sweep (PO
 `klique submit --sweep/--grid` does).
 
 For each tool, from its first submission: `accepted_s`, until every job has a Slurm job id (the
-peers: their submit calls have returned; Klique: the API lists every task past `placed`, with its
-native id), and `done_s`, until the tool itself says every task has ended (sbatch loop: squeue
-lists none of its jobs pending, running or completing; submitit: job.done(); PSI/J: job.wait();
-Klique: the API shows every task in a final state). Beside them, from Slurm's job completion log,
-when Slurm ended the tool's last job (`slurm_last_end_s`, to the whole second that log keeps). The
+peers: their submit calls have returned; Klique: the API lists every task past `placed`, with
+its native id, asked every 20 ms), and `done_s`, until the tool itself says every task has ended
+(sbatch loop: squeue lists none of its jobs pending, running or completing; submitit:
+job.done(); PSI/J: job.wait(); Klique: the API shows every task in a final state; the loop's
+squeue and Klique's API asked every 0.5 s). Beside them, from Slurm's job completion log, when
+Slurm ended the tool's last job (`slurm_last_end_s`, to the whole second that log keeps). The
 tools run one after another, each on a queue empty of this benchmark's jobs; every job asks for
 partition debug, one CPU, 100 MB and ten minutes, and runs `true` (submitit runs a Python function
 that prints a line).
@@ -54,6 +55,10 @@ FINAL = {"completed", "failed", "cancelled", "timeout", "lost"}
 NOT_FINAL = "created,queued,held,placed,submitted,pending,running"
 NOT_YET = "created,queued,held,placed"
 POLL_S = 0.5
+# Klique's acceptance is seen through the API (one cheap request, `limit=1` or a sweep's
+# states) where the peers' submit calls return: polled finely, so that it is not rounded up
+# to POLL_S. Ends are polled at POLL_S for every tool that this script polls.
+ACCEPTED_POLL_S = 0.02
 DEADLINE_S = 900
 
 
@@ -65,12 +70,12 @@ def as_account(*argv: str) -> list[str]:
     return ["runuser", "-u", ACCOUNT, "--", *argv]
 
 
-def until(condition: Callable[[], bool], what: str) -> None:
+def until(condition: Callable[[], bool], what: str, poll_s: float = POLL_S) -> None:
     deadline = time.monotonic() + DEADLINE_S
     while not condition():
         if time.monotonic() > deadline:
             raise SystemExit(f"{what}: not after {DEADLINE_S} s")
-        time.sleep(POLL_S)
+        time.sleep(poll_s)
 
 
 def peers_venv() -> None:
@@ -182,7 +187,7 @@ def klique_one_by_one(api: httpx.Client) -> dict[str, Any]:
     def left(states: str) -> bool:
         return bool(api.get("/tasks", params={"state": states, "limit": 1}).json())
 
-    until(lambda: not left(NOT_YET), "Klique: every task accepted")
+    until(lambda: not left(NOT_YET), "Klique: every task accepted", ACCEPTED_POLL_S)
     accepted = time.perf_counter() - t0
     say(f"  every task has a Slurm job after {accepted:.2f} s; waiting for the ends")
     until(lambda: not left(NOT_FINAL), "Klique: every task ended")
@@ -202,7 +207,8 @@ def klique_sweep(api: httpx.Client) -> dict[str, Any]:
     def states() -> set[str]:
         return set(api.get(f"/sweeps/{sweep}").json()["states"])
 
-    until(lambda: not states() & set(NOT_YET.split(",")), "Klique sweep: every task accepted")
+    accepted_yet = set(NOT_YET.split(","))
+    until(lambda: not states() & accepted_yet, "Klique sweep: every task accepted", ACCEPTED_POLL_S)
     accepted = time.perf_counter() - t0
     say(f"  every task has a Slurm job after {accepted:.2f} s; waiting for the ends")
     until(lambda: states() <= FINAL, "Klique sweep: every task ended")
