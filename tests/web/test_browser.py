@@ -46,7 +46,16 @@ def sign_in(driver: Any, site: Site, token: str, path: str = "/tasks") -> None:
     driver.get(f"{site.server.url}/login?next={path}")
     driver.find_element(By.ID, "token").send_keys(token)
     driver.find_element(By.CSS_SELECTOR, "form button[type=submit]").click()
-    until(driver, lambda d: d.current_url.endswith(path), f"{path} after signing in", 30)
+    # The address changes when the next page starts to load: wait for the whole of it.
+    until(
+        driver,
+        lambda d: (
+            d.current_url.endswith(path)
+            and d.execute_script("return document.readyState") == "complete"
+        ),
+        f"{path} after signing in",
+        30,
+    )
 
 
 def row_state(driver: Any, task_id: int) -> str:
