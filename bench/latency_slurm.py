@@ -1,9 +1,17 @@
-"""Submit -> running on the Slurm cluster, median of 20, beside the same figure for a bare sbatch.
+"""Submit -> running and submit -> done on the Slurm cluster, median of 20 each, beside the same
+figures for a bare sbatch.
 
-Bare sbatch: from the call to the moment the job's first command runs (it writes the time).
-Klique: from the POST to the task's RUNNING stamp (the runner reports as it starts the command);
-beside it, from the POST to sbatch's acceptance (Klique's own share of the wait).
-Last line: {"klique_median_s": ..., "sbatch_median_s": ..., ...}.
+Running. Bare sbatch: from the call to the moment the job's first command runs (it writes the
+time). Klique: from the POST to the task's RUNNING stamp (the runner reports as it starts the
+command); beside it, from the POST to sbatch's acceptance (Klique's own share of the wait).
+
+Done, for a job that runs `true`. Bare sbatch: from the call until squeue, asked every 0.1 s,
+no longer lists the job pending, running or completing. Klique: from the POST until the API,
+asked every 0.1 s, shows the task completed, with the pool's default `poll_interval` (10 s):
+the runner's end report is a claim, final once the pool has seen the job end.
+
+Last line: {"klique_median_s": ..., "sbatch_median_s": ..., "klique_done_median_s": ...,
+"sbatch_done_median_s": ..., ...}.
 """
 
 from __future__ import annotations
@@ -12,6 +20,7 @@ import os
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 from _common import klique_server, last_line, median, slurm_estate
 
@@ -19,6 +28,8 @@ RUNS = 20
 ACCOUNT = "alice"
 WORK = Path(os.environ.get("KLIQUE_SLURM_DIR", "/tmp/klique-slurm")) / "work"
 TIMEOUT_S = 120
+POLL_S = 0.1
+ACTIVE = "PENDING,RUNNING,COMPLETING,CONFIGURING,SUSPENDED,REQUEUED,RESIZING"
 
 
 def estate(job_root: Path) -> str:
@@ -44,6 +55,36 @@ def bare_sbatch(job_root: Path, i: int) -> float:
         if time.monotonic() > deadline:
             raise SystemExit(f"job {done.stdout.strip()} did not start in {TIMEOUT_S} s")
         time.sleep(0.005)
+
+
+def bare_sbatch_done(job_root: Path) -> float:
+    argv = ["runuser", "-u", ACCOUNT, "--", "sbatch", "--parsable", "--job-name=bench-done"]
+    argv += [f"--output={job_root}/done-%j.out", "--wrap", "true"]
+    t0 = time.time()
+    done = subprocess.run(argv, capture_output=True, text=True, cwd=WORK, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"sbatch failed: {done.stderr.strip()}")
+    job = done.stdout.strip().split(";")[0]
+    query = ["squeue", "--noheader", f"--jobs={job}", f"--states={ACTIVE}", "--format=%i"]
+    deadline = time.monotonic() + TIMEOUT_S
+    while subprocess.run(query, capture_output=True, text=True, check=False).stdout.strip():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"job {job} did not end in {TIMEOUT_S} s")
+        time.sleep(POLL_S)
+    return time.time() - t0
+
+
+def klique_done(api: Any, i: int) -> float:
+    t0 = time.time()
+    task = api.post("/tasks", json={"command": ["true"], "name": f"done-{i}"}).json()
+    deadline = time.monotonic() + TIMEOUT_S
+    while (seen := api.get(f"/tasks/{task['id']}").json())["state"] != "completed":
+        if seen["state"] in ("failed", "lost", "cancelled", "timeout"):
+            raise SystemExit(f"task {task['id']} {seen['state']}: {seen['reason']}")
+        if time.monotonic() > deadline:
+            raise SystemExit(f"task {task['id']} did not end in {TIMEOUT_S} s")
+        time.sleep(POLL_S)
+    return time.time() - t0
 
 
 def main() -> None:
@@ -74,6 +115,14 @@ def main() -> None:
                     time.sleep(0.005)
                 shown = f"{klique[-1] * 1000:7.1f} ms"
                 print(f"klique {i + 1:2d}: submit -> running {shown}", flush=True)
+        bare_done, klique_ended = [], []
+        for i in range(RUNS):
+            bare_done.append(bare_sbatch_done(job_root))
+            print(f"sbatch {i + 1:2d}: submit -> done {bare_done[-1]:6.2f} s", flush=True)
+        with klique_server(slurm_estate(job_root, ACCOUNT)) as (api, _home):
+            for i in range(RUNS):
+                klique_ended.append(klique_done(api, i))
+                print(f"klique {i + 1:2d}: submit -> done {klique_ended[-1]:6.2f} s", flush=True)
     finally:
         subprocess.run(["rm", "-rf", str(job_root)], check=False)
     last_line(
@@ -83,6 +132,9 @@ def main() -> None:
             "klique_post_to_sbatch_accepted_median_s": median(accepted),
             "runs": RUNS,
             "klique_minus_sbatch_s": round(median(klique) - median(bare), 4),
+            "klique_done_median_s": median(klique_ended),
+            "sbatch_done_median_s": median(bare_done),
+            "klique_done_max_s": round(max(klique_ended), 3),
         }
     )
 
