@@ -6,6 +6,7 @@ once a second, and a claim the scheduler does not confirm is asked for less and 
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -27,11 +28,16 @@ CLAIM = {"exit_code": 0, "outcome": "completed", "reason": "done (or so it says)
 
 
 class Clock:
+    """The batch driver's `time` module, with a monotonic clock that the test moves."""
+
     def __init__(self) -> None:
         self.now = 1000.0
 
-    def __call__(self) -> float:
+    def monotonic(self) -> float:
         return self.now
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(time, name)
 
 
 def still_running(argv: list[str], account: str) -> Completed:
@@ -58,7 +64,7 @@ pools:
 """
     )
     clock = Clock()
-    monkeypatch.setattr(batch.time, "monotonic", clock)
+    monkeypatch.setattr(batch, "time", clock)
     transport = ScriptedTransport(still_running)
     context = Context(estate, Path("."), Path("klique-runner.pyz"), None)
     return PbsDriver(estate.pools["p"], context, transport), transport, estate, clock
