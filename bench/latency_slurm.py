@@ -20,8 +20,8 @@ import os
 import subprocess
 import time
 from pathlib import Path
-from typing import Any
 
+import httpx
 from _common import klique_server, last_line, median, slurm_estate
 
 RUNS = 20
@@ -74,7 +74,7 @@ def bare_sbatch_done(job_root: Path) -> float:
     return time.time() - t0
 
 
-def klique_done(api: Any, i: int) -> float:
+def klique_done(api: httpx.Client, i: int) -> float:
     t0 = time.time()
     task = api.post("/tasks", json={"command": ["true"], "name": f"done-{i}"}).json()
     deadline = time.monotonic() + TIMEOUT_S
