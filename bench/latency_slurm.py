@@ -36,14 +36,20 @@ def estate(job_root: Path) -> str:
     return slurm_estate(job_root, ACCOUNT, poll_interval="2s")
 
 
-def bare_sbatch(job_root: Path, i: int) -> float:
-    stamp = job_root / f"bare-{i}.start"
-    argv = ["runuser", "-u", ACCOUNT, "--", "sbatch", "--parsable", "--job-name=bench-latency"]
-    argv += [f"--output={job_root}/bare-%j.out", "--wrap", f"date +%s.%N > {stamp}"]
+def sbatch(job_root: Path, name: str, command: str) -> tuple[float, str]:
+    """A bare job running `command` as the account: when sbatch was called, and the job's id."""
+    argv = ["runuser", "-u", ACCOUNT, "--", "sbatch", "--parsable", f"--job-name={name}"]
+    argv += [f"--output={job_root}/{name}-%j.out", "--wrap", command]
     t0 = time.time()
     done = subprocess.run(argv, capture_output=True, text=True, cwd=WORK, check=False)
     if done.returncode != 0:
         raise SystemExit(f"sbatch failed: {done.stderr.strip()}")
+    return t0, done.stdout.strip().split(";")[0]
+
+
+def bare_sbatch(job_root: Path, i: int) -> float:
+    stamp = job_root / f"bare-{i}.start"
+    t0, job = sbatch(job_root, "bench-latency", f"date +%s.%N > {stamp}")
     deadline = time.monotonic() + TIMEOUT_S
     while True:
         try:
@@ -53,18 +59,12 @@ def bare_sbatch(job_root: Path, i: int) -> float:
         if text:
             return float(text) - t0
         if time.monotonic() > deadline:
-            raise SystemExit(f"job {done.stdout.strip()} did not start in {TIMEOUT_S} s")
+            raise SystemExit(f"job {job} did not start in {TIMEOUT_S} s")
         time.sleep(0.005)
 
 
 def bare_sbatch_done(job_root: Path) -> float:
-    argv = ["runuser", "-u", ACCOUNT, "--", "sbatch", "--parsable", "--job-name=bench-done"]
-    argv += [f"--output={job_root}/done-%j.out", "--wrap", "true"]
-    t0 = time.time()
-    done = subprocess.run(argv, capture_output=True, text=True, cwd=WORK, check=False)
-    if done.returncode != 0:
-        raise SystemExit(f"sbatch failed: {done.stderr.strip()}")
-    job = done.stdout.strip().split(";")[0]
+    t0, job = sbatch(job_root, "bench-done", "true")
     query = ["squeue", "--noheader", f"--jobs={job}", f"--states={ACTIVE}", "--format=%i"]
     deadline = time.monotonic() + TIMEOUT_S
     while subprocess.run(query, capture_output=True, text=True, check=False).stdout.strip():

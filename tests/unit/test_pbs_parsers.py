@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from test_batch_status import ScriptedTransport
+from scripted_transport import ScriptedTransport
 
 from broker.domain import TaskState
 from broker.errors import SubmitError, TemplateError, TransportError

@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_batch_status import Answer, ScriptedTransport, estate_of, running
+from scripted_transport import Answer, ScriptedTransport
+from test_batch_status import estate_of, running
 
 from broker.domain import TaskState
 from broker.errors import KliqueError, SubmitError, SubmitUnknown, TransportError

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_batch_status import Answer
+from scripted_transport import Answer
 from test_slurm_site_settings import poll, slurm_pool
 
 from broker.domain import TaskState
