@@ -35,6 +35,16 @@ _SCRUB = (
     "for name in $(env | sed -n 's/^\\(S\\(BATCH\\|LURM\\)_[A-Za-z0-9_]*\\)=.*/\\1/p'); do "
     '[ "$name" = SLURM_CONF ] || unset "$name"; done; '
 )
+# A Slurm job's environment: sbatch starts with exactly these (the step's own values) and
+# SLURM_CONF, and the job script asks for --export=ALL. sbatch(1) --export: a list of names, or
+# NONE, also sets SLURM_GET_USER_ENV, so that slurmd runs the account's login shell for every
+# job it starts and adds that environment to the job's (docs/slurm-sites.md).
+SLURM_JOB_ENV = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "TZ", "TMPDIR")
+_SBATCH_ENV = (
+    'case "$1" in sbatch) set -- env -i '
+    + " ".join(f'${{{name}+"{name}=${name}"}}' for name in (*SLURM_JOB_ENV, "SLURM_CONF"))
+    + ' "$@";; esac; '
+)
 _UNPACKED = f'{{ echo "{UNPACK_WORDS}" >&2; exit {UNPACK_FAILED}; }}'
 
 SCRIPTS: dict[str, str] = {
@@ -49,18 +59,19 @@ SCRIPTS: dict[str, str] = {
     # any existing name: a folder, a link, a file someone planted; -m 700 makes it private from
     # the first instant), its files with their modes, then the command, if any, in the same
     # process (umask 077: what it starts, a batch job, makes private files too), without the
-    # scheduler's input variables (_SCRUB).
+    # scheduler's input variables (_SCRUB), sbatch with the job's environment only (_SBATCH_ENV).
     "unpack": (
         f'umask 077; mkdir -m 700 -- "$1" && tar -x -m -p -f - -C "$1" || {_UNPACKED}; shift; '
         f'[ "$#" -eq 0 ] && exit 0; {_SCRUB}'
-        'case "$1" in --stdin=*) input=${1#--stdin=}; shift; exec "$@" <"$input";; esac; '
-        'exec "$@"'
+        'case "$1" in --stdin=*) input=${1#--stdin=}; shift; exec <"$input";; esac; '
+        f'{_SBATCH_ENV}exec "$@"'
     ),
     # submit-each [N [--stdin=FILE] COMMAND...]...: each item's command (its N words), one of
-    # SUBMIT_PROGRAMS, run from /dev/null or its --stdin file (_SCRUB once for all; the
-    # subshell that slices out its words becomes the command), then its ITEM_LINE. Items are
-    # independent; a fault in the framing ends the whole with UNPACK_FAILED. A burst of
-    # submissions is unpack-each for the folders, then this for those made.
+    # SUBMIT_PROGRAMS, run from /dev/null or its --stdin file (_SCRUB once for all, then
+    # _SBATCH_ENV; the subshell that slices out its words becomes the command), then its
+    # ITEM_LINE. Items are independent; a fault in the framing ends the whole with
+    # UNPACK_FAILED. A burst of submissions is unpack-each for the folders, then this for those
+    # made.
     "submit-each": (
         f"umask 077; {_SCRUB}out=$(mktemp -d) || exit {UNPACK_FAILED}; "
         "trap 'rm -rf -- \"$out\"' EXIT; i=0; "
@@ -69,7 +80,7 @@ SCRIPTS: dict[str, str] = {
         f'[ "$n" -ge 1 ] && [ "$n" -le "$#" ] || exit {UNPACK_FAILED}; '
         '( c=$#; k=0; for a do k=$((k + 1)); [ "$k" -gt "$n" ] || set -- "$@" "$a"; done; '
         'shift "$c"; input=/dev/null; case "$1" in --stdin=*) input=${1#--stdin=}; shift;; esac; '
-        f'case "$1" in {"|".join(SUBMIT_PROGRAMS)}) exec "$@" <"$input";; esac; '
+        f'case "$1" in {"|".join(SUBMIT_PROGRAMS)}) {_SBATCH_ENV}exec "$@" <"$input";; esac; '
         f'echo "klique: runs only {", ".join(SUBMIT_PROGRAMS)} after unpack" >&2; '
         f'exit {NOT_SUBMIT} ) >"$out/1" 2>"$out/2"; rc=$?; o=; e=; '
         '[ -s "$out/1" ] && o=$(base64 -w0 "$out/1"); [ -s "$out/2" ] && e=$(base64 -w0 "$out/2"); '

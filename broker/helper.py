@@ -32,6 +32,8 @@ MISSING = 3
 SUBMIT_PROGRAMS = ("sbatch", "qsub", "bsub")
 NOT_SUBMIT = 126
 JOB_FOLDER = re.compile(r"(/[A-Za-z0-9_][A-Za-z0-9_.-]*)*/klique-[0-9]+-[0-9]+-[0-9a-f]{12}")
+# sbatch starts with exactly these and SLURM_CONF: a Slurm job's environment (--export=ALL).
+SLURM_JOB_ENV = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "TZ", "TMPDIR")
 _CHUNK = 1 << 16
 
 
@@ -81,9 +83,8 @@ def unpack(folder, *arguments):
     if not command or command[0] not in SUBMIT_PROGRAMS:
         sys.stderr.write(f"klique-helper runs only {', '.join(SUBMIT_PROGRAMS)} after unpack\n")
         return 126
-    for name in [n for n in os.environ if _scheduler_input(n)]:
-        del os.environ[name]
-    os.execvp(command[0], command)  # noqa: S606 - one of SUBMIT_PROGRAMS, checked above
+    # one of SUBMIT_PROGRAMS, checked above
+    os.execvpe(command[0], command, _submit_env(command[0]))  # noqa: S606
     return 127  # not reached
 
 
@@ -147,7 +148,7 @@ def _submit(command):
     if not command or command[0] not in SUBMIT_PROGRAMS:
         words = f"klique: runs only {', '.join(SUBMIT_PROGRAMS)} after unpack\n"
         return NOT_SUBMIT, b"", words.encode()
-    env = {k: v for k, v in os.environ.items() if not _scheduler_input(k)}
+    env = _submit_env(command[0])
     try:
         stdin = open(source, "rb")  # noqa: SIM115 - closed below
     except OSError as exc:
@@ -161,9 +162,19 @@ def _submit(command):
     return (code if code >= 0 else 128 - code), done.stdout, done.stderr
 
 
-def _scheduler_input(name):
-    """sbatch(1): SBATCH_* and SLURM_* (but SLURM_CONF) override the script's lines."""
-    return name.startswith(("SBATCH_", "SLURM_")) and name != "SLURM_CONF"
+def _submit_env(program):
+    """The submit command's environment: without the scheduler's input variables (sbatch(1):
+    SBATCH_* and SLURM_* but SLURM_CONF override the script's lines); sbatch's, only the job's
+    variables (fileops.SLURM_JOB_ENV)."""
+    if program == "sbatch":
+        kept = (*SLURM_JOB_ENV, "SLURM_CONF")
+        return {name: os.environ[name] for name in kept if name in os.environ}
+    scheduler_input = ("SBATCH_", "SLURM_")
+    return {
+        k: v
+        for k, v in os.environ.items()
+        if k == "SLURM_CONF" or not k.startswith(scheduler_input)
+    }
 
 
 def _extract(folder):

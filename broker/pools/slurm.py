@@ -80,9 +80,6 @@ _SEP = "|"
 # JobArrayID is a job's id, or an array element's "ARRAY_INDEX" (with --array, each element a line).
 _SQUEUE_FIELDS = "JobArrayID:|,Name:|,State:|,Reason:|,RestartCnt:|,Command:"
 _SACCT_FORMAT = "JobID,JobName,State,ExitCode"
-# sbatch(1) --export: the job's environment is these (the runner's own) and the SLURM_*
-# variables Slurm sets, never the rest of the submitting account's login environment.
-_EXPORTED = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "TZ", "TMPDIR")
 _GPU_DIRECTIVE = {
     "gres": "--gres=gpu:{}",
     "gpus-per-node": "--gpus-per-node={}",
@@ -230,7 +227,10 @@ class SlurmDriver(BatchDriver):
             found.append(_GPU_DIRECTIVE[flag].format(gpus))
         requeue = settings.get("requeue") or "slurm"
         found.append("--requeue" if requeue == "slurm" else "--no-requeue")
-        found.append(f"--export={','.join(_EXPORTED)}")
+        # The job's environment is sbatch's: the submit step starts it with the job's variables
+        # only (fileops.SLURM_JOB_ENV). A list here would have slurmd add the account's login
+        # environment, from a login shell it runs for every job (sbatch(1) --export).
+        found.append("--export=ALL")
         signal = self.context.estate.resources[task.resource].checkpoint_signal
         if signal is not None and profile.nodes > 1:  # every step: the runners srun started
             found.append(f"--signal={signal.signal}@{signal.before_s}")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import os
 import re
+import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -125,3 +126,54 @@ def test_a_task_receives_its_checkpoint_signal_before_its_walltime(server_factor
     logs = server.cli("logs", str(task_id), token=alice).output
     assert task["state"] == "completed", (task, logs)
     assert "checkpoint on SIGUSR1" in logs
+
+
+PLAIN = """
+resources:
+  cpu: {{profile: {{cpus: 1, memory: 100M, walltime: 2m, pools: [slurm]}}}}
+pools:
+  slurm: {{kind: slurm, partition: debug, job_root: "{job_root}", poll_interval: 1s,
+          user_map: {{alice: alice}}}}
+"""
+PROBE = "KLIQUE_LOGIN_PROFILE_PROBE"
+PRINT_ENV = "#!/bin/sh\nenv\n"
+
+
+@pytest.fixture
+def login_profile() -> Iterator[None]:
+    """alice's login profile exports a variable, as a site's module setup or her own would."""
+    profile = Path("~alice/.profile").expanduser()
+    saved = profile.read_bytes() if profile.exists() else None
+    with profile.open("ab") as out:
+        out.write(f"\nexport {PROBE}=from-the-login-profile\n".encode())
+    shutil.chown(profile, "alice")
+    try:
+        yield
+    finally:
+        if saved is None:
+            profile.unlink()
+        else:
+            profile.write_bytes(saved)
+
+
+def test_a_slurm_job_gets_no_login_environment(server_factory, folder, login_profile):
+    # The hazard is real here: with a list of names, sbatch(1) --export has slurmd run the
+    # account's login shell for every job and add what it exports.
+    script = folder / "print-env.sh"
+    script.write_text(PRINT_ENV)
+    script.chmod(0o755)
+    output = folder / "listed.out"
+    listed = ["--export=PATH,HOME", "--partition=debug", "--time=1", f"--output={output}"]
+    as_alice(["sbatch", "--wait", *listed, str(script)])
+    assert f"{PROBE}=" in output.read_text()
+    # A task: its job exports sbatch's environment, which the submit step made the job's own.
+    server = server_factory(PLAIN.format(job_root=folder))
+    alice = server.make_token("alice")
+    args = ("submit", "--no-code", "--json", "-r", "cpu", "--", "env")
+    task_id = submitted_id(server.cli(*args, token=alice))
+    task = server.wait_state(task_id, token=alice, timeout=120)
+    logs = server.cli("logs", str(task_id), token=alice).output
+    assert task["state"] == "completed", (task, logs)
+    seen = dict(line.split("=", 1) for line in logs.splitlines() if "=" in line)
+    assert seen["HOME"] == "/home/alice" and seen["USER"] == "alice" and "SLURM_JOB_ID" in seen
+    assert PROBE not in seen and "SLURM_GET_USER_ENV" not in seen, logs

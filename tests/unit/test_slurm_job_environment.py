@@ -1,10 +1,12 @@
-"""The job's environment on Slurm, built on purpose: `--export` names the runner's variables,
-the submit command starts without Slurm's input variables (sbatch(1), "INPUT ENVIRONMENT
-VARIABLES": they override #SBATCH lines), and a compute resource's checkpoint signal is asked of
-Slurm and reaches the task, never the runner's setup."""
+"""The job's environment on Slurm, built on purpose: sbatch starts with the job's variables
+only and exports them all (a list of names would have slurmd add the account's login
+environment), the submit command starts without Slurm's input variables (sbatch(1), "INPUT
+ENVIRONMENT VARIABLES": they override #SBATCH lines), and a compute resource's checkpoint signal
+is asked of Slurm and reaches the task, never the runner's setup."""
 
 from __future__ import annotations
 
+import base64
 import os
 import signal
 import subprocess
@@ -15,7 +17,7 @@ import pytest
 
 from broker.errors import EstateError
 from broker.estate import parse_estate
-from broker.fileops import SCRIPTS, tar_of
+from broker.fileops import ITEM_LINE, SCRIPTS, tar_of
 from broker.pools.base import Context
 from broker.pools.slurm import SlurmDriver
 from broker.preview import sample_task
@@ -46,10 +48,10 @@ def directives(text: str = PLAIN) -> list[str]:
     return driver.directives(task, estate.resources["r"].profile, "/jobs/k")
 
 
-def test_the_jobs_environment_is_the_runners_own_variables():
+def test_the_job_exports_sbatchs_environment_whole():
     found = directives()
     [export] = [d for d in found if d.startswith("--export=")]
-    assert export == "--export=PATH,HOME,USER,LOGNAME,LANG,LC_ALL,TZ,TMPDIR"
+    assert export == "--export=ALL"  # a list, or NONE, sets SLURM_GET_USER_ENV (sbatch.c)
     assert not any(d.startswith("--signal") for d in found)
 
 
@@ -81,34 +83,58 @@ def test_a_checkpoint_signal_the_runner_cannot_pass_on_is_refused(walltime, sign
         parse_estate(CHECKPOINTED.format(walltime=walltime, signal=signal))
 
 
-def fake_sbatch(tmp_path: Path) -> Path:
-    """An `sbatch` that prints the environment it was started with."""
+def fake_submit(tmp_path: Path) -> Path:
+    """An `sbatch` and a `qsub` that print the environment they were started with."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    program = bin_dir / "sbatch"
-    program.write_text("#!/bin/sh\nexec env\n")
-    program.chmod(0o755)
+    for name in ("sbatch", "qsub"):
+        program = bin_dir / name
+        program.write_text("#!/bin/sh\nexec env\n")
+        program.chmod(0o755)
     return bin_dir
 
 
-def seen_by_sbatch(argv: list[str], tmp_path: Path) -> dict[str, str]:
-    env = {**POLLUTED, "PATH": f"{fake_sbatch(tmp_path)}:/usr/bin:/bin"}
-    stdin = tar_of({"job.sh": (b"#!/bin/sh\n", 0o700)})
+HELPER = str(ROOT / "broker" / "helper.py")
+# Each step that starts a submit command: the job folder's unpack, and submit-each for a burst;
+# as the shell scripts that a login shell runs, and as the sudo helper.
+STEPS = [
+    pytest.param(step, by, id=f"{step}-{by}")
+    for step in ("unpack", "submit-each")
+    for by in ("shell", "helper")
+]
+
+
+def seen_by(program: str, step: str, by: str, tmp_path: Path) -> dict[str, str]:
+    """The environment `program` starts with, run by this submit step."""
+    env = {**POLLUTED, "PATH": f"{fake_submit(tmp_path)}:/usr/bin:/bin", "HOME": "/home/a"}
+    argv = ["sh", "-c", SCRIPTS[step], "sh"] if by == "shell" else [sys.executable, HELPER, step]
+    stdin = b""
+    if step == "unpack":
+        stdin = tar_of({"job.sh": (b"#!/bin/sh\n", 0o700)})
+        argv += [str(tmp_path / "job"), program, "job.sh"]
+    else:
+        argv += ["2", program, "job.sh"]
     done = subprocess.run(argv, input=stdin, env=env, capture_output=True, check=True)
-    return dict(line.split("=", 1) for line in done.stdout.decode().splitlines() if "=" in line)
+    printed = done.stdout.decode()
+    if step == "submit-each":
+        answer = ITEM_LINE.fullmatch(printed.strip())
+        assert answer and answer[2] == "0", printed
+        printed = base64.b64decode(answer[3]).decode()
+    seen = dict(line.split("=", 1) for line in printed.splitlines() if "=" in line)
+    seen.pop("PWD", None)  # the fake's own shell sets it
+    return seen
 
 
-def test_the_submit_command_starts_without_slurms_input_variables(tmp_path):
-    argv = ["sh", "-c", SCRIPTS["unpack"], "sh", str(tmp_path / "job"), "sbatch", "job.sh"]
-    seen = seen_by_sbatch(argv, tmp_path)
-    assert not [name for name in seen if name.startswith(("SBATCH_", "SLURM_JOB"))]
-    assert seen["SLURM_CONF"] == "/etc/slurm/site.conf" and seen["KEEP_ME"] == "yes"
+@pytest.mark.parametrize(("step", "by"), STEPS)
+def test_sbatch_starts_with_the_jobs_variables_only(step, by, tmp_path):
+    seen = seen_by("sbatch", step, by, tmp_path)
+    assert seen.pop("PATH").startswith(str(tmp_path))
+    assert seen == {"HOME": "/home/a", "SLURM_CONF": "/etc/slurm/site.conf"}
 
 
-def test_the_sudo_helper_clears_the_same_variables(tmp_path):
-    helper = str(ROOT / "broker" / "helper.py")
-    argv = [sys.executable, helper, "unpack", str(tmp_path / "job"), "sbatch", "job.sh"]
-    seen = seen_by_sbatch(argv, tmp_path)
+@pytest.mark.parametrize(("step", "by"), STEPS)
+def test_another_submit_command_starts_without_slurms_input_variables(step, by, tmp_path):
+    seen = seen_by("qsub", step, by, tmp_path)
     assert not [name for name in seen if name.startswith(("SBATCH_", "SLURM_JOB"))]
     assert seen["SLURM_CONF"] == "/etc/slurm/site.conf" and seen["KEEP_ME"] == "yes"
 
