@@ -189,20 +189,33 @@ def test_the_dispatcher_runs_the_elements_own_folder(tmp_path: Path) -> None:
         folders,
     )
     assert "#SBATCH --job-name=klique-array-5-0123456789ab" in script
+    (array / "job.sh").write_text(script)  # where each element reads its line of the table
     env = {**os.environ, "SLURM_ARRAY_TASK_ID": "1"}
-    done = subprocess.run(["bash", "-c", script], cwd=folders[1], env=env, check=False)
+    done = subprocess.run(["bash", array / "job.sh"], cwd=folders[1], env=env, check=False)
     assert done.returncode == 0
     assert Path(folders[1], "job.out").read_text() == f"task 6 in {folders[1]}\nthe runner"
     assert not Path(folders[0], "job.out").exists()
 
-    wrong = subprocess.run(
-        ["bash", "-c", script],
-        env={**env, "SLURM_ARRAY_TASK_ID": "7"},
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert wrong.returncode == 1 and "no task for array index 7" in wrong.stderr
+    for index in ("3", "-1", "", "1x", "01"):
+        wrong = subprocess.run(
+            ["bash", array / "job.sh"],
+            env={**env, "SLURM_ARRAY_TASK_ID": index},
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert wrong.returncode == 1, index
+        assert f"no task for array index {index}\n" in wrong.stderr, index
+    assert not any(Path(f, "job.out").exists() for f in (folders[0], folders[2]))
+
+
+def test_an_element_never_parses_the_table() -> None:
+    """bash stops at the dispatcher's exec: the table after it is comments, read by line."""
+    folders = [f"/jobs/klique-{n}-1-{n:012x}" for n in range(1, 1001)]
+    script = dispatcher(["#SBATCH --array=0-999"], "SLURM_ARRAY_TASK_ID", "/jobs/a", "a", folders)
+    code, _, table = script.partition("# Each element's index and its task's folder:\n")
+    assert len(code) < 1200 and table.splitlines()[999] == f"# 999 {folders[999]}"
+    assert elements_of(script) == {f: n for n, f in enumerate(folders)}
 
 
 def test_squeue_lists_each_element_by_its_own_id() -> None:
@@ -377,3 +390,17 @@ def test_the_pbs_servers_max_array_size_bounds_each_array(tmp_path: Path) -> Non
         sweep = [task(driver, n, "small", sweep=8) for n in range(1, 11)]
         sizes.append([len(b) for b in driver.batches(sweep)])
     assert sizes == [[4, 4, 2], [10]]
+
+
+def test_a_dispatcher_written_before_the_table_ended_it_is_still_read() -> None:
+    """A server upgraded while arrays run finds their tasks in the table they were given."""
+    script = (
+        'case "${SLURM_ARRAY_TASK_ID:-}" in\n'
+        "0) dir=/jobs/klique-1-1-000000000001 ;;\n"
+        "1) dir=/jobs/klique-2-1-000000000002 ;;\n"
+        'esac\nexec "$dir/job.sh"\n'
+    )
+    assert elements_of(script) == {
+        "/jobs/klique-1-1-000000000001": 0,
+        "/jobs/klique-2-1-000000000002": 1,
+    }
