@@ -57,21 +57,20 @@ PEERS = ("sbatch_loop", "submitit_loop", "submitit_map_array", "psij")
 KLIQUE = ("klique_one_by_one", "klique_sweep")
 
 
-def _arguments() -> argparse.Namespace:
+def _arguments() -> tuple[int, tuple[str, ...]]:
+    """TASKS, and the tools to run in their order above."""
     parser = argparse.ArgumentParser(description="N trivial tasks through Klique and its peers")
     parser.add_argument("tasks", nargs="?", type=int, default=500, help="tasks a tool (500)")
     parser.add_argument("--tools", default=",".join(PEERS + KLIQUE), help="which, comma-separated")
     arguments = parser.parse_args()
-    unknown = set(arguments.tools.split(",")) - set(PEERS + KLIQUE)
-    if unknown:
-        known = ", ".join(PEERS + KLIQUE)
-        parser.error(f"no such tool: {', '.join(sorted(unknown))} (the tools: {known})")
-    return arguments
+    chosen = set(arguments.tools.split(","))
+    if chosen - set(PEERS + KLIQUE):
+        unknown, known = ", ".join(sorted(chosen - set(PEERS + KLIQUE))), ", ".join(PEERS + KLIQUE)
+        parser.error(f"no such tool: {unknown} (the tools: {known})")
+    return arguments.tasks, tuple(t for t in PEERS + KLIQUE if t in chosen)
 
 
-_ARGUMENTS = _arguments()
-TASKS: int = _ARGUMENTS.tasks
-TOOLS = tuple(t for t in PEERS + KLIQUE if t in _ARGUMENTS.tools.split(","))
+TASKS, TOOLS = _arguments()
 FINAL = {"completed", "failed", "cancelled", "timeout", "lost"}
 NOT_FINAL = "created,queued,held,placed,submitted,pending,running"
 NOT_YET = "created,queued,held,placed"

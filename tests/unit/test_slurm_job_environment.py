@@ -7,6 +7,7 @@ is asked of Slurm and reaches the task, never the runner's setup."""
 from __future__ import annotations
 
 import base64
+import importlib.util
 import os
 import signal
 import subprocess
@@ -17,7 +18,7 @@ import pytest
 
 from broker.errors import EstateError
 from broker.estate import parse_estate
-from broker.fileops import ITEM_LINE, SCRIPTS, tar_of
+from broker.fileops import ITEM_LINE, SCRIPTS, SLURM_JOB_ENV, tar_of
 from broker.pools.base import Context
 from broker.pools.slurm import SlurmDriver
 from broker.preview import sample_task
@@ -152,3 +153,12 @@ def test_a_checkpoint_signal_before_the_task_starts_does_not_end_the_setup(forwa
     assert forwarder.stop_signal() is None
     with pytest.raises(process.Terminated):
         os.kill(os.getpid(), signal.SIGTERM)
+
+
+def test_the_sudo_helper_keeps_the_same_job_variables():
+    """klique-helper stands alone (standard library only), so it keeps its own copy."""
+    spec = importlib.util.spec_from_file_location("klique_helper", HELPER)
+    assert spec is not None and spec.loader is not None
+    helper = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(helper)
+    assert helper.SLURM_JOB_ENV == SLURM_JOB_ENV
