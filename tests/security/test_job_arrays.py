@@ -18,7 +18,7 @@ from batch_helpers import JOB_PYTHON, sticky_job_root
 from broker.domain import Task, TaskSpec, TaskState
 from broker.errors import KliqueError
 from broker.estate import parse_estate
-from broker.pools.arrays import array_name, dispatcher
+from broker.pools.arrays import array_name, dispatcher, elements_of
 from broker.pools.base import Context
 from broker.pools.slurm import SlurmDriver
 from broker.preview import sample_task
@@ -197,3 +197,18 @@ def test_a_wrapped_job_with_a_tasks_tag_is_never_taken_for_it(
         assert (seen.state, seen.native_id) == (TaskState.SUBMITTED, job)
     else:
         assert seen.state is TaskState.QUEUED and seen.native_id is None, seen
+
+
+def test_a_table_names_only_folders_klique_makes() -> None:
+    """An edited dispatcher's line that names another path is not read back as a task's
+    folder, and no dispatcher is written with one."""
+    planted = (
+        "# Each element's index and its task's folder:\n"
+        "# 0 /jobs/klique-1-1-000000000001\n"
+        "# 1 /etc\n"
+        "# 2 /jobs/klique-3-1-000000000003/../../home/bob\n"
+        "2) dir=/home/bob ;;\n"
+    )
+    assert elements_of(planted) == {"/jobs/klique-1-1-000000000001": 0}
+    with pytest.raises(ValueError, match="not a job folder"):
+        dispatcher([], "SLURM_ARRAY_TASK_ID", "/jobs/a", "a", ["/jobs/klique-1-1-000000000001 x"])
