@@ -69,9 +69,14 @@ class ClaimedEnds:
 
     def due(self, claimed: frozenset[int], since_s: float) -> bool:
         """Whether a look `since_s` after the last one should ask the pool early for these."""
+        return self.due_in(claimed, since_s) == 0.0
+
+    def due_in(self, claimed: frozenset[int], since_s: float) -> float | None:
+        """How long after a look `since_s` after the last one the pool is to be asked early for
+        these (None: no claim to ask about)."""
         if not claimed:
-            return False
-        return since_s >= (CONFIRM_S if claimed - self.waiting else self.wait_s)
+            return None
+        return max(0.0, (CONFIRM_S if claimed - self.waiting else self.wait_s) - since_s)
 
     def next_in(self) -> float:
         """The wait before the next look."""
@@ -123,6 +128,11 @@ class PoolDriver(ABC):
             )
         check_account(account)
         return account
+
+    def confirm_in(self, claimed: frozenset[int]) -> float | None:
+        """Seconds until a look would ask the pool about these claimed ends (None: a look
+        sees every end itself, or the pool is being waited out)."""
+        return None
 
     def new_job_dir(self, task: Task) -> str:
         """A fresh, unguessable folder name for this attempt: nobody can create it first."""

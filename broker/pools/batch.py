@@ -581,6 +581,11 @@ class BatchDriver(PoolDriver):
         self._last = {s.native_id: s for s in listing}
         return await self._observe(tasks)
 
+    def confirm_in(self, claimed: frozenset[int]) -> float | None:
+        if self._backoff != 1:
+            return None
+        return self._claims.due_in(claimed, time.monotonic() - self._polled_at)
+
     def _schedule_next(self, now: float) -> None:
         interval = self.interval_s * self._backoff
         self._next_poll = now + interval * random.uniform(0.9, 1.1)

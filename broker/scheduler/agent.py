@@ -76,12 +76,20 @@ class PoolAgent:
             # Wakes coalesce: a look reads every task the pool holds, so while reports and
             # placements stream in, looks rest as long as they take rather than run back to back.
             await asyncio.sleep(min(_REST * (time.monotonic() - started), _MOST_REST_S))
-            delay = self.interval_s * self._backoff if self._backoff > 1 else self._claims.next_in()
+            delay = self.interval_s * self._backoff if self._backoff > 1 else self._next_look_in()
             waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self._wake.wait())]
             await asyncio.wait(waits, timeout=delay, return_when=asyncio.FIRST_COMPLETED)
             for w in waits:
                 w.cancel()
         await self.close()
+
+    def _next_look_in(self) -> float:
+        """The wait before the next look: the claims' schedule, and no longer than until the
+        pool is to be asked about the claims waiting (a second after its last query, not a
+        second after this look)."""
+        delay = self._claims.next_in()
+        soon = self.driver.confirm_in(self._claims.waiting)
+        return delay if soon is None else min(delay, soon)
 
     async def close(self) -> None:
         for operation in list(self._operations):

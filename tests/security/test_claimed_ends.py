@@ -118,3 +118,29 @@ def test_many_jobs_claiming_at_once_get_one_query_a_second(pool) -> None:
     gaps = [b - a for a, b in zip(asked, asked[1:], strict=False)]
     assert gaps and min(gaps) >= CONFIRM_S - 1e-9, gaps
     assert len(asked) <= 1 + 200 * STEP_S / CONFIRM_S
+
+
+def test_the_agent_is_told_to_look_when_the_next_query_may_come_and_no_sooner(pool) -> None:
+    """The agent looks again when the pool may be asked (a second after its last query), so a
+    claim that comes 0.4 s after a query is asked about 0.6 s later, and never sooner."""
+    driver, transport, estate, clock = pool
+    asked: list[float] = []
+    asyncio.run(driver.poll([running(estate, 1, claimed=False)]))
+    query_times(transport, asked, clock)
+    assert driver.confirm_in(frozenset()) is None
+    clock.now += 0.4
+    wait = driver.confirm_in(frozenset({1}))
+    assert wait == pytest.approx(CONFIRM_S - 0.4)
+    asyncio.run(driver.poll([running(estate, 1, claimed=True)]))  # the report's own look
+    query_times(transport, asked, clock)
+    assert len(asked) == 1  # too soon: not asked
+    clock.now += wait
+    assert driver.confirm_in(frozenset({1})) == 0.0
+    asyncio.run(driver.poll([running(estate, 1, claimed=True)]))
+    query_times(transport, asked, clock)
+    assert [round(t - asked[0], 6) for t in asked] == [0.0, CONFIRM_S]
+    # still running at that query: the next comes a second after it, then twice as far
+    assert driver.confirm_in(frozenset({1})) == pytest.approx(CONFIRM_S)
+    clock.now += CONFIRM_S
+    asyncio.run(driver.poll([running(estate, 1, claimed=True)]))
+    assert driver.confirm_in(frozenset({1})) == pytest.approx(2 * CONFIRM_S)

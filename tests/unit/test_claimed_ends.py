@@ -31,3 +31,15 @@ def test_a_new_claim_is_looked_for_soon_and_a_waiting_one_less_and_less_often() 
     assert claims.next_in() == CONFIRM_S
     claims.seen(frozenset())  # both seen ended
     assert claims.next_in() == 10.0
+
+
+def test_the_wait_for_a_claim_counts_from_the_last_query_not_from_the_claim() -> None:
+    claims = ClaimedEnds(interval_s=10.0)
+    assert claims.due_in(frozenset(), since_s=0.4) is None
+    # a claim first seen 0.4 s after the last query is asked about 0.6 s later
+    assert claims.due_in(frozenset({1}), since_s=0.4) == CONFIRM_S - 0.4
+    assert claims.due_in(frozenset({1}), since_s=CONFIRM_S + 3) == 0.0
+    claims.seen(frozenset({1}))  # asked about at that query: a second from it
+    assert claims.due_in(frozenset({1}), since_s=0.5) == CONFIRM_S - 0.5
+    claims.seen(frozenset({1}))  # and not seen ending: twice as long from the next
+    assert claims.due_in(frozenset({1}), since_s=0.5) == 2 * CONFIRM_S - 0.5
