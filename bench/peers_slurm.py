@@ -157,30 +157,20 @@ def slurm_ends(offset: int, t0: float, name: str | None, ids: set[str] | None) -
     return round(max(ends) - t0) if ends else None
 
 
-def sbatch_loop(name: str, folder: Path) -> dict[str, Any]:
+def plain_sbatch(name: str, folder: Path, tool: str) -> dict[str, Any]:
+    """The sbatch loop (one sbatch a job) or the plain array (one sbatch of TASKS elements)."""
+    loop = tool == "sbatch_loop"
     argv = as_account("sbatch", "--parsable", f"--job-name={name}", *RESOURCES)
-    argv += [f"--output={folder}/sbatch-%j.out", "--wrap", "true"]
+    argv += [f"--output={folder}/sbatch-%j.out"] if loop else [f"--array=0-{TASKS - 1}"]
+    argv += [f"--output={folder}/array-%A_%a.out"] if not loop else []
     t0 = time.perf_counter()
-    for _ in range(TASKS):
-        done = subprocess.run(argv, capture_output=True, text=True, cwd=folder, check=False)
+    for _ in range(TASKS if loop else 1):
+        done = subprocess.run([*argv, "--wrap", "true"], capture_output=True, text=True, cwd=folder)
         if done.returncode != 0:
             raise SystemExit(f"sbatch failed: {done.stderr.strip()}")
     accepted = time.perf_counter() - t0
     say(f"  {TASKS} jobs accepted after {accepted:.2f} s; waiting for squeue to list none")
-    until(lambda: queued(name) == 0, "sbatch loop")
-    return {"accepted_s": accepted, "done_s": time.perf_counter() - t0}
-
-
-def sbatch_array(name: str, folder: Path) -> dict[str, Any]:
-    argv = as_account("sbatch", "--parsable", f"--job-name={name}", *RESOURCES)
-    argv += [f"--array=0-{TASKS - 1}", f"--output={folder}/array-%A_%a.out", "--wrap", "true"]
-    t0 = time.perf_counter()
-    done = subprocess.run(argv, capture_output=True, text=True, cwd=folder, check=False)
-    if done.returncode != 0:
-        raise SystemExit(f"sbatch --array failed: {done.stderr.strip()}")
-    accepted = time.perf_counter() - t0
-    say(f"  array of {TASKS} accepted after {accepted:.2f} s; waiting for squeue to list none")
-    until(lambda: queued(name) == 0, "sbatch array")
+    until(lambda: queued(name) == 0, tool)
     return {"accepted_s": accepted, "done_s": time.perf_counter() - t0}
 
 
@@ -203,8 +193,10 @@ def run_peers(folder: Path, offset: int) -> dict[str, dict[str, Any]]:
         say(f"{tool}: {TASKS} jobs named {name}")
         t0 = time.time()
         try:
-            plain = {"sbatch_loop": sbatch_loop, "sbatch_array": sbatch_array}.get(tool)
-            found = plain(name, folder) if plain else peer(tool, name, folder)
+            if tool in ("sbatch_loop", "sbatch_array"):
+                found = plain_sbatch(name, folder, tool)
+            else:
+                found = peer(tool, name, folder)
         finally:
             cancel(name=name)
             drain(tool, name)
