@@ -20,12 +20,14 @@ from a Python alice can run. That is the venv in $KLIQUE_BENCH_PEERS_VENV (defau
 /tmp/klique-bench-peers); if it lacks submitit or psij-python, this script makes it with
 /usr/bin/python3 -m venv and pip (the packages of `pip install -e '.[bench]'`).
 
-Usage: bench/peers_slurm.py [TASKS] [--tools TOOL,...] (default 500, every tool, in the order
-above). Last line: {"sbatch_loop": {"accepted_s", "done_s"}, ..., "klique_sweep": {...},
-"tasks", "klique_sweep_done_ratio", "klique_sweep_accepted_ratio", "klique_sweep_to_array_ratio"};
-a ratio is the best peer's time over the Klique sweep's (above 1: Klique is faster), among the
-tools that ran, the plain array aside (a floor, not a tool: it is accepted in milliseconds); the
-last, the plain array's done_s over the sweep's.
+Usage: bench/peers_slurm.py [TASKS] [--tools TOOL,...] [--rounds K] (default 500, every tool,
+in the order above, once; with K rounds, every figure is the median of K, and `done_s_each`
+lists each round's). Last line: {"sbatch_loop": {"accepted_s", "done_s"}, ...,
+"klique_sweep": {...}, "tasks", "rounds", "klique_sweep_done_ratio",
+"klique_sweep_accepted_ratio", "klique_sweep_to_array_ratio"}; a ratio is the best peer's
+time over the Klique sweep's (above 1: Klique is faster), among the tools that ran, the plain
+array aside (a floor, not a tool: it is accepted in milliseconds); the last, the plain array's
+done_s over the sweep's.
 
 slurmctld keeps a finished job's record for MinJobAge (300 s by default, as here), and every
 squeue loads them all: a tool that runs later meets the records of those before it (about
@@ -47,6 +49,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import time
 from collections.abc import Callable
@@ -68,20 +71,23 @@ PEERS = ("sbatch_loop", "sbatch_array", "submitit_loop", "submitit_map_array", "
 KLIQUE = ("klique_one_by_one", "klique_sweep")
 
 
-def _arguments() -> tuple[int, tuple[str, ...]]:
-    """TASKS, and the tools to run in their order above."""
+def _arguments() -> tuple[int, tuple[str, ...], int]:
+    """TASKS, the tools to run in their order above, and how many rounds of them."""
     parser = argparse.ArgumentParser(description="N trivial tasks through Klique and its peers")
     parser.add_argument("tasks", nargs="?", type=int, default=500, help="tasks a tool (500)")
     parser.add_argument("--tools", default=",".join(PEERS + KLIQUE), help="which, comma-separated")
+    parser.add_argument("--rounds", type=int, default=1, help="every tool this many times (1)")
     arguments = parser.parse_args()
+    if arguments.rounds < 1:
+        parser.error("--rounds: at least 1")
     chosen = set(arguments.tools.split(","))
     if chosen - set(PEERS + KLIQUE):
         unknown, known = ", ".join(sorted(chosen - set(PEERS + KLIQUE))), ", ".join(PEERS + KLIQUE)
         parser.error(f"no such tool: {unknown} (the tools: {known})")
-    return arguments.tasks, tuple(t for t in PEERS + KLIQUE if t in chosen)
+    return arguments.tasks, tuple(t for t in PEERS + KLIQUE if t in chosen), arguments.rounds
 
 
-TASKS, TOOLS = _arguments()
+TASKS, TOOLS, ROUNDS = _arguments()
 FINAL = {"completed", "failed", "cancelled", "timeout", "lost"}
 NOT_FINAL = "created,queued,held,placed,submitted,pending,running"
 NOT_YET = "created,queued,held,placed"
@@ -310,13 +316,11 @@ def table(results: dict[str, dict[str, Any]]) -> None:
     print()
 
 
-def main() -> None:
-    if set(TOOLS) & {"submitit_loop", "submitit_map_array", "psij"}:
-        peers_venv()
-    folder = WORK / f"peers-{os.getpid()}"
+def one_round(tag: str) -> dict[str, dict[str, Any]]:
+    folder = WORK / f"peers-{tag}"
     folder.mkdir()
     shutil.chown(folder, ACCOUNT, ACCOUNT)  # submitit's and PSI/J's folders are alice's
-    job_root = WORK / f"peers-{os.getpid()}-klique"
+    job_root = WORK / f"peers-{tag}-klique"
     job_root.mkdir(mode=0o1777)
     os.chmod(job_root, 0o1777)
     offset = JOBCOMP.stat().st_size
@@ -329,11 +333,34 @@ def main() -> None:
         subprocess.run(["rm", "-rf", str(folder), str(job_root)], check=False)
     say(f"load average {os.getloadavg()[0]:.2f}; Klique's server log: {job_root}-server.log")
     table(results)
+    return results
+
+
+def main() -> None:
+    if set(TOOLS) & {"submitit_loop", "submitit_map_array", "psij"}:
+        peers_venv()
+    rounds = [one_round(f"{os.getpid()}-{n}") for n in range(1, ROUNDS + 1)]
+    results = {
+        tool: {
+            key: statistics.median(r[tool][key] for r in rounds) for key in ("accepted_s", "done_s")
+        }
+        for tool in TOOLS
+    }
+    for tool in TOOLS:
+        ends = [r[tool].get("slurm_last_end_s") for r in rounds]
+        results[tool]["slurm_last_end_s"] = None if None in ends else statistics.median(ends)
+    if ROUNDS > 1:
+        say(f"the medians of {ROUNDS} rounds:")
+        table(results)
     summary: dict[str, Any] = {
         tool: {key: round(results[tool][key], 2) for key in ("accepted_s", "done_s")}
         for tool in TOOLS
     }
+    if ROUNDS > 1:
+        for tool in TOOLS:
+            summary[tool]["done_s_each"] = [round(r[tool]["done_s"], 2) for r in rounds]
     summary["tasks"] = TASKS
+    summary["rounds"] = ROUNDS
     peers = [results[tool] for tool in PEERS if tool in TOOLS and tool != "sbatch_array"]
     if peers and "klique_sweep" in TOOLS:
         sweep = results["klique_sweep"]
