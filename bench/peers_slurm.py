@@ -166,12 +166,12 @@ def slurm_ends(offset: int, t0: float, name: str | None, ids: set[str] | None) -
 def plain_sbatch(name: str, folder: Path, tool: str) -> dict[str, Any]:
     """The sbatch loop (one sbatch a job) or the plain array (one sbatch of TASKS elements)."""
     loop = tool == "sbatch_loop"
-    argv = as_account("sbatch", "--parsable", f"--job-name={name}", *RESOURCES)
-    argv += [f"--output={folder}/sbatch-%j.out"] if loop else [f"--array=0-{TASKS - 1}"]
-    argv += [f"--output={folder}/array-%A_%a.out"] if not loop else []
+    output = f"--output={folder}/sbatch-%j.out" if loop else f"--output={folder}/array-%A_%a.out"
+    argv = as_account("sbatch", "--parsable", f"--job-name={name}", *RESOURCES, output)
+    argv += ["--wrap", "true"] if loop else [f"--array=0-{TASKS - 1}", "--wrap", "true"]
     t0 = time.perf_counter()
     for _ in range(TASKS if loop else 1):
-        done = subprocess.run([*argv, "--wrap", "true"], capture_output=True, text=True, cwd=folder)
+        done = subprocess.run(argv, capture_output=True, text=True, cwd=folder, check=False)
         if done.returncode != 0:
             raise SystemExit(f"sbatch failed: {done.stderr.strip()}")
     accepted = time.perf_counter() - t0
