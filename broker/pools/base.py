@@ -67,13 +67,9 @@ class ClaimedEnds:
         self.wait_s = CONFIRM_S if fresh else min(self.wait_s * 2, self.interval_s)
         self.waiting = waiting
 
-    def due(self, claimed: frozenset[int], since_s: float) -> bool:
-        """Whether a look `since_s` after the last one should ask the pool early for these."""
-        return self.due_in(claimed, since_s) == 0.0
-
     def due_in(self, claimed: frozenset[int], since_s: float) -> float | None:
         """How long after a look `since_s` after the last one the pool is to be asked early for
-        these (None: no claim to ask about)."""
+        these (0.0: now; None: no claim to ask about)."""
         if not claimed:
             return None
         return max(0.0, (CONFIRM_S if claimed - self.waiting else self.wait_s) - since_s)

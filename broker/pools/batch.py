@@ -560,7 +560,7 @@ class BatchDriver(PoolDriver):
         sooner where a runner has claimed its end (at most once a second while claims come)."""
         now = time.monotonic()
         claimed = frozenset(t.id for t in tasks if t.claim is not None)
-        early = self._backoff == 1 and self._claims.due(claimed, now - self._polled_at)
+        early = self.confirm_in(claimed) == 0.0  # the rule the agent wakes by, too
         if now < self._next_poll and not early:
             return {}
         self._polled_at = now
