@@ -46,11 +46,13 @@ def sign_in(driver: Any, site: Site, token: str, path: str = "/tasks") -> None:
     driver.get(f"{site.server.url}/login?next={path}")
     driver.find_element(By.ID, "token").send_keys(token)
     driver.find_element(By.CSS_SELECTOR, "form button[type=submit]").click()
-    # The address changes when the next page starts to load: wait for the whole of it.
+    # The address changes when the next page starts to load: wait for the whole of it. The
+    # sign-in page's own address ends with `path` too (`/login?next=<path>`), so compare the
+    # whole address, lest the test read the sign-in page before the click has left it.
     until(
         driver,
         lambda d: (
-            d.current_url.endswith(path)
+            d.current_url == f"{site.server.url}{path}"
             and d.execute_script("return document.readyState") == "complete"
         ),
         f"{path} after signing in",
