@@ -11,6 +11,7 @@ from inside_job.jobfiles import above_stdio
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    import threading
     from typing import Callable
 
 _CHECKPOINT = (signal.SIGUSR1, signal.SIGUSR2)  # sbatch --signal=B:USR1@N, and the like
@@ -113,6 +114,20 @@ def spawn(
         os.close(here)
         os.close(null)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)
+
+
+def start_deaf(thread: threading.Thread) -> None:
+    """Start a helper thread (and, by inheritance, the threads it starts) with the forwarded
+    signals blocked. The kernel hands a signal sent to the process to any one thread that does
+    not block it, as when the main thread still has the SIGCONT that Slurm sends just before a
+    warning; Python runs the handler in the main thread only once that thread wakes, and the
+    runner's main thread sleeps in waitpid until the task ends: the warning would reach the task
+    at its walltime kill."""
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
+    try:
+        thread.start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
 
 def wait(pid: int) -> int:

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import sys
+from pathlib import Path
+from signal import SIGCONT, SIGINT, SIGTERM, SIGUSR1, SIGUSR2
 
 import pytest
 from conftest import wait_for
 from runner_helpers import (
+    ReportSink,
     cache_of,
     console,
     make_job,
@@ -137,6 +141,40 @@ def test_a_signal_that_ends_nothing_is_forwarded_and_the_task_carries_on(
     (job / "release").touch()
     assert runner.wait(60) == 0
     assert read_json(job, "exit.json")["outcome"] == "completed"
+
+
+def _blocked(pid: int, thread: str) -> int:
+    """The signals a thread of pid blocks, as the kernel shows them (a bit per signal)."""
+    status = Path(f"/proc/{pid}/task/{thread}/status").read_text()
+    found = re.search(r"^SigBlk:\s*([0-9a-f]+)$", status, re.MULTILINE)
+    assert found, status
+    return int(found[1], 16)
+
+
+def test_the_schedulers_signals_wake_the_runners_main_thread_and_no_other(tmp_path):
+    """The kernel hands a signal sent to the runner to any one of its threads that does not block
+    it (as when the main thread still has the SIGCONT that Slurm sends before a warning); Python
+    runs the handler only once the main thread wakes, and that thread sleeps until the task
+    ends. So the reporter's thread blocks every signal the runner forwards; the main one none."""
+    sink = ReportSink()
+    try:
+        report = {"url": sink.url, "token": "t"}
+        job = make_job(tmp_path, command=[PY, "-c", TRAP_SCRIPT], report=report)
+        runner = start_runner(job)
+        _running(job)
+        threads = os.listdir(f"/proc/{runner.pid}/task")
+        helpers = [t for t in threads if t != str(runner.pid)]
+        forwarded = sum(1 << (s - 1) for s in (SIGTERM, SIGINT, SIGUSR1, SIGUSR2, SIGCONT))
+        assert helpers, threads  # the reporter's
+        assert _blocked(runner.pid, str(runner.pid)) & forwarded == 0
+        assert all(_blocked(runner.pid, t) & forwarded == forwarded for t in helpers)
+        runner.send_signal(SIGCONT)
+        runner.send_signal(SIGUSR1)
+        wait_for(lambda: "caught SIGUSR1" in console(job), what="the task to see SIGUSR1")
+        (job / "release").touch()
+        assert runner.wait(60) == 0
+    finally:
+        sink.close()
 
 
 RUN_LIMIT_SCRIPT = """
