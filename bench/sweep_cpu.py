@@ -36,8 +36,8 @@ def process_s(pid: int) -> tuple[float, float]:
 
 
 def pid_of(name: str) -> int:
-    found = subprocess.run(["pgrep", "-xo", name], capture_output=True, text=True, check=True)
-    return int(found.stdout.split()[0])
+    """The daemon of the cluster under test (KLIQUE_SLURM_DIR), by its pid file."""
+    return int((peers.WORK.parent / "run" / f"{name}.pid").read_text().split()[0])
 
 
 def per_task_ms(seconds: float) -> float:
@@ -48,7 +48,7 @@ def loop_cpu(folder: Path) -> float:
     name = f"kqcpu-{os.getpid()}-loop"
     before = machine_s()
     try:
-        peers.sbatch_loop(name, folder)
+        peers.plain_sbatch(name, folder, "sbatch_loop")
     finally:
         peers.cancel(name=name)
     return per_task_ms(machine_s() - before)
