@@ -1,7 +1,9 @@
 """What the runner costs a job that runs `true`: the CPU time (user + system) of one runner
-process, as the batch script starts it (`python3 klique-runner.pyz JOB_DIR`), with and without
-HTTP reports, against the same run's floor, `python3 -c pass`. Reports go to a bare HTTP sink on
-loopback (it answers 200 and counts them); the server's side of a report is api_create.py's.
+process, as the batch script starts it (`python3 -I -S klique-runner.pyz JOB_DIR`), with and
+without HTTP reports, against the same run's floor, `python3 -c pass`, and reporting when started
+without `-I -S` (as before 2026-12-03: with the node's site, its `.pth` files and the
+account's). Reports go to a bare HTTP sink on loopback (it answers 200 and counts them); the
+server's side of a report is api_create.py's.
 
 Last line: the medians in ms, the ratios to the floor, and the reports a run sends.
 """
@@ -23,6 +25,7 @@ from broker.server import build_runner
 
 RUNS = 30
 PYTHON = "/usr/bin/python3"  # as the jobs run it
+FLAGS = ("-I", "-S")  # as partials/run.sh.j2 starts it
 
 
 class Sink(BaseHTTPRequestHandler):
@@ -56,8 +59,8 @@ def main() -> None:
         root = Path(scratch)
         runner = str(build_runner(root))
 
-        def job(n: int, report: bool) -> str:
-            folder = root / f"job-{n}-{int(report)}"
+        def job(n: int, report: bool, tag: str = "") -> str:
+            folder = root / f"job-{n}-{int(report)}{tag}"
             folder.mkdir()
             task = {"version": 1, "id": 7, "code": None, "command": ["true"]}
             task["cache_dir"] = str(root / "cache")
@@ -66,22 +69,28 @@ def main() -> None:
             (folder / "task.json").write_text(json.dumps(task))
             return str(folder)
 
-        samples: dict[str, list[float]] = {"floor": [], "runner": [], "runner_reporting": []}
-        for n in range(RUNS):  # interleaved, so that a change of load hits all three alike
+        samples: dict[str, list[float]] = {
+            "floor": [],
+            "runner": [],
+            "runner_reporting": [],
+            "reporting_with_site": [],
+        }
+        for n in range(RUNS):  # interleaved, so that a change of load hits them all alike
             samples["floor"].append(cpu_ms([PYTHON, "-c", "pass"]))
-            samples["runner"].append(cpu_ms([PYTHON, runner, job(n, False)]))
-            samples["runner_reporting"].append(cpu_ms([PYTHON, runner, job(n, True)]))
+            samples["runner"].append(cpu_ms([PYTHON, *FLAGS, runner, job(n, False)]))
+            samples["runner_reporting"].append(cpu_ms([PYTHON, *FLAGS, runner, job(n, True)]))
+            samples["reporting_with_site"].append(cpu_ms([PYTHON, runner, job(n, True, "s")]))
     sink.shutdown()
     medians = {name: round(statistics.median(values), 1) for name, values in samples.items()}
     for name, value in medians.items():
         print(f"{name:<18} {value:>7.1f} ms CPU (median of {RUNS})")
-    print(f"reports per run: {Sink.posts / RUNS:g}")
+    print(f"reports per run: {Sink.posts / (2 * RUNS):g}")
     last_line(
         {
             **{f"{name}_ms": value for name, value in medians.items()},
             "runner_to_floor": round(medians["runner"] / medians["floor"], 2),
             "reporting_to_floor": round(medians["runner_reporting"] / medians["floor"], 2),
-            "reports_per_run": Sink.posts / RUNS,
+            "reports_per_run": Sink.posts / (2 * RUNS),
         }
     )
 

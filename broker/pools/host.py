@@ -247,7 +247,8 @@ class HostDriver(PoolDriver):
         }
         await self.transport.write_files(job_dir, files, account=account)
         process = await self.transport.spawn(
-            [self.python, f"{job_dir}/klique-runner.pyz", job_dir],
+            # Standard library only: no site-packages, .pth files or PYTHON* (as in batch jobs).
+            [self.python, "-I", "-S", f"{job_dir}/klique-runner.pyz", job_dir],
             account=account,
             env=runner_env(account),
             log=f"{job_dir}/runner.log",

@@ -60,9 +60,10 @@ def test_slurm_asks_for_the_nodes_and_starts_one_runner_on_each_with_srun():
     runner = "/scratch/klique/klique-0/klique-runner.pyz"
     assert (
         "srun --nodes=2 --ntasks-per-node=1 --cpus-per-task=8 --kill-on-bad-exit=1 "
-        f"python3 {runner} --node /scratch/klique/klique-0" in script
+        f"python3 -I -S {runner} --node /scratch/klique/klique-0" in script
     )
-    assert script.rstrip().endswith(f"exec python3 {runner} --gather /scratch/klique/klique-0")
+    gather = f"exec python3 -I -S {runner} --gather /scratch/klique/klique-0"
+    assert script.rstrip().endswith(gather)
 
 
 def test_slurm_job_wide_gpus_count_every_node_and_the_checkpoint_signal_reaches_the_runners():
@@ -93,7 +94,7 @@ def test_one_node_keeps_the_single_runner_script():
     script = pool.render(task)
     assert "--node" not in script and "srun" not in script and "--nodes" not in script
     assert script.rstrip().endswith(
-        "exec python3 /scratch/klique/klique-0/klique-runner.pyz /scratch/klique/klique-0"
+        "exec python3 -I -S /scratch/klique/klique-0/klique-runner.pyz /scratch/klique/klique-0"
     )
 
 
@@ -102,7 +103,7 @@ def test_pbs_professional_scatters_chunks_and_starts_runners_with_pbsdsh():
     script = pool.render(task)
     assert "#PBS -l select=2:ncpus=8:ngpus=4:mem=1024mb" in lines(script, "#PBS")
     assert "#PBS -l place=scatter" in lines(script, "#PBS")
-    assert "pbsdsh -- python3 /scratch/klique/klique-0/klique-runner.pyz --node" in script
+    assert "pbsdsh -- python3 -I -S /scratch/klique/klique-0/klique-runner.pyz --node" in script
 
 
 def test_torque_asks_for_nodes_and_starts_one_runner_a_host():

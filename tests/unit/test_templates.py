@@ -41,7 +41,7 @@ def test_the_slurm_script_carries_the_profile_the_tag_and_the_estates_extra_dire
     ):
         assert line in script.splitlines(), line
     assert (
-        "exec python3 /tmp/klique-jobs/klique-0/klique-runner.pyz /tmp/klique-jobs/klique-0"
+        "exec python3 -I -S /tmp/klique-jobs/klique-0/klique-runner.pyz /tmp/klique-jobs/klique-0"
         in script
     )
 
@@ -141,10 +141,10 @@ def test_a_pyxis_pool_starts_the_runner_inside_the_image():
     assert (
         f"KLIQUE_CONTAINER=pyxis exec srun --ntasks=1 '--container-image=nvcr.io#nvidia/pytorch:"
         f"24.01-py3' --container-mounts={job}:{job} --container-workdir={job} "
-        f"--no-container-entrypoint --export=ALL python3 {job}/klique-runner.pyz {job}"
+        f"--no-container-entrypoint --export=ALL python3 -I -S {job}/klique-runner.pyz {job}"
     ) in script
     assert 'export NVIDIA_VISIBLE_DEVICES="${SLURM_JOB_GPUS:-void}"' in script
-    assert f"exec python3 {job}/klique-runner.pyz" not in script  # never on the host as well
+    assert f"exec python3 -I -S {job}/klique-runner.pyz" not in script  # never on the host as well
     assert "srun" not in script_for(_pyxis_estate())  # a task without an image runs as before
 
 
