@@ -116,7 +116,7 @@ def spawn(
         signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)
 
 
-def start_deaf(thread: threading.Thread) -> None:
+def start_without_signals(thread: threading.Thread) -> None:
     """Start a helper thread (and, by inheritance, the threads it starts) with the forwarded
     signals blocked. The kernel hands a signal sent to the process to any one thread that does
     not block it, as when the main thread still has the SIGCONT that Slurm sends just before a

@@ -12,7 +12,7 @@ import threading
 
 from inside_job.http1 import post
 from inside_job.jobfiles import CONSOLE_FILE, SCALARS_FILE
-from inside_job.process import start_deaf
+from inside_job.process import start_without_signals
 
 INTERVAL_S = 0.5
 START_GRACE_S = 0.1  # a start waits this long for an end to go with
@@ -39,7 +39,7 @@ class Reporter:
         self._starting = False  # a start to send after its grace
         self._delay = INTERVAL_S
         self._thread = threading.Thread(target=self._loop, name="klique-report", daemon=True)
-        start_deaf(self._thread)
+        start_without_signals(self._thread)
 
     def state(self, status: dict) -> None:
         """A change of state, sent with the next report: `running` after its grace, `done`

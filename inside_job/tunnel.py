@@ -17,7 +17,7 @@ import queue
 import threading
 
 from inside_job import frames, wsclient
-from inside_job.process import start_deaf
+from inside_job.process import start_without_signals
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -67,7 +67,7 @@ class Tunnel:
         self.ready = threading.Event()
 
     def start(self) -> None:
-        start_deaf(self._thread)  # and the stream threads it starts
+        start_without_signals(self._thread)  # and the stream threads it starts
 
     def stop(self) -> None:
         self._stop.set()
