@@ -7,7 +7,6 @@ import re
 import signal
 import sys
 from pathlib import Path
-from signal import SIGCONT, SIGINT, SIGTERM, SIGUSR1, SIGUSR2
 
 import pytest
 from conftest import wait_for
@@ -164,12 +163,13 @@ def test_the_schedulers_signals_wake_the_runners_main_thread_and_no_other(tmp_pa
         _running(job)
         threads = os.listdir(f"/proc/{runner.pid}/task")
         helpers = [t for t in threads if t != str(runner.pid)]
-        forwarded = sum(1 << (s - 1) for s in (SIGTERM, SIGINT, SIGUSR1, SIGUSR2, SIGCONT))
+        names = ("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2", "SIGCONT")
+        forwarded = sum(1 << (signal.Signals[n] - 1) for n in names)
         assert helpers, threads  # the reporter's
         assert _blocked(runner.pid, str(runner.pid)) & forwarded == 0
         assert all(_blocked(runner.pid, t) & forwarded == forwarded for t in helpers)
-        runner.send_signal(SIGCONT)
-        runner.send_signal(SIGUSR1)
+        runner.send_signal(signal.SIGCONT)
+        runner.send_signal(signal.SIGUSR1)
         wait_for(lambda: "caught SIGUSR1" in console(job), what="the task to see SIGUSR1")
         (job / "release").touch()
         assert runner.wait(60) == 0
