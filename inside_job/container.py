@@ -126,15 +126,28 @@ def apptainer_argv(
     command: list[str],
     mounts: list[tuple[str, str]],
     cwd: str,
-    gpus: bool,
+    gpu_flag: str | None,
     no_eval: bool,
+    home: bool = False,
 ) -> list[str]:
-    """apptainer|singularity exec --cleanenv [--no-eval]; variables travel as APPTAINERENV_*."""
+    """apptainer|singularity exec --cleanenv [--no-eval] [--no-home]; variables travel as
+    APPTAINERENV_*. Apptainer mounts the account's home by default, and Python then finds
+    ~/.local's site-packages: unless the pool keeps it (`container_home: account`), --no-home."""
     argv = [binary, "exec", "--cleanenv"] + (["--no-eval"] if no_eval else [])
-    argv += ["--nv"] if gpus else []
+    argv += [] if home else ["--no-home"]
+    argv += [gpu_flag] if gpu_flag else []
     for host, inner in mounts:
         argv += ["--bind", f"{host}:{inner}"]
     return [*argv, "--pwd", cwd, sif, *command]
+
+
+def apptainer_gpu_flag(requested: bool, vendor: str, gpu_env: dict[str, str]) -> str | None:
+    """--nv or --rocm (the driver libraries) when the task's compute resource asks for GPUs, or
+    the scheduler named some (a host pool's grant): a site that sets no CUDA variable in its
+    jobs still gets the libraries for the GPUs it granted."""
+    if requested or gpu_env.get("CUDA_VISIBLE_DEVICES", "") != "":
+        return "--rocm" if vendor == "rocm" else "--nv"
+    return None
 
 
 def apptainer_environment(binary: str, env: dict[str, str], no_eval: bool) -> dict[str, str]:

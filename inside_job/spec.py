@@ -69,6 +69,11 @@ class TaskSpec:
         self.image: str | None = _opt_str(raw, "image")
         self.runtime: str | None = _opt_str(raw, "runtime")
         self.container_scratch: str | None = _opt_str(raw, "container_scratch")
+        # Apptainer: the account's home mounted ("account") or not (--no-home, the default);
+        # the driver libraries for a task whose compute resource asks for GPUs.
+        self.container_home: str = _opt_str(raw, "container_home") or "none"
+        self.container_gpus: str = _opt_str(raw, "container_gpus") or "nvidia"
+        self.gpus_requested: bool = raw.get("gpus_requested") is True
         self.gpus: list[str] | None = _gpus(raw.get("gpus"))
         report = raw.get("report")
         self.report: ReportSpec | None = (

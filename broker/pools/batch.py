@@ -57,6 +57,8 @@ log = logging.getLogger("klique.pools")
 
 _MAX_BACKOFF = 8
 _NEVER_RAN_TRIES = 3  # attempts for a task whose jobs never ran (nodes that fail to boot)
+# The phase of a pending task whose job the scheduler requeued and holds (see `held`).
+HELD_PHASE = "held"
 _TAG = re.compile(r"klique-\d+")
 
 
@@ -127,6 +129,9 @@ class BatchDriver(PoolDriver):
     # Status reasons of a job the scheduler requeued and held after its launch failed: the
     # pool's `requeued_held` releases it, or withdraws it (the task goes again from Klique).
     HELD_AFTER_FAILED_LAUNCH: ClassVar[re.Pattern[str] | None] = None
+    # Native end states of a job whose node failed: run again from Klique's queue where the
+    # pool's driver says it reruns them (`reruns_node_failures`), a few times.
+    NODE_FAILED: ClassVar[frozenset[str]] = frozenset()
     SUBMIT_STDIN: ClassVar[bool] = False  # the submit command reads the script on its stdin
     # The status command shows every batch job's script: a job with a task's tag but no
     # script (a --wrap of another account's) is never taken for the task's.
@@ -223,6 +228,16 @@ class BatchDriver(PoolDriver):
     def release_argv(self, native_id: str) -> list[str] | None:
         """Release a held job (None: the scheduler cannot)."""
         return None
+
+    def held(self, status: NativeStatus) -> str:
+        """What to do about a job the scheduler requeued and holds ("" for any other job): it
+        waits for a release nobody gives unless told, so the task shows the phase `held`."""
+        return ""
+
+    @property
+    def reruns_node_failures(self) -> bool:
+        """Klique, not the scheduler, runs again a job whose node failed (NODE_FAILED)."""
+        return False
 
     def ending_note(self, job_dir: str) -> str | None:
         """A file in the job directory where the scheduler notes why it ended a job (its own
@@ -822,8 +837,14 @@ class BatchDriver(PoolDriver):
             return None
         if not state.final:
             self._missing_since.pop(task.id, None)
+            advice = self.held(status)
             if self._requeued(task, status, state):
-                return Observation(TaskState.PENDING, self._requeue_reason(status), requeued=True)
+                reason = "; ".join(p for p in (self._requeue_reason(status), advice) if p)
+                phase = HELD_PHASE if advice else ""
+                return Observation(TaskState.PENDING, reason, phase=phase, requeued=True)
+            if advice:
+                reason = "; ".join(p for p in (self._reason(status), advice) if p)
+                return Observation(state, reason, phase=HELD_PHASE, charged=False)
             phase = self.PHASES.get(status.state, "")
             charged = not phase or phase in self._charged
             return Observation(state, self._reason(status), phase=phase, charged=charged)
@@ -917,7 +938,18 @@ class BatchDriver(PoolDriver):
         preempted = status.state in self.PREEMPTED or bool(
             exit_doc and exit_doc.get("outcome") == "preempted"
         )
+        if status.state in self.NODE_FAILED and self.reruns_node_failures:
+            return self._node_failed(task, reason, code)
         return Observation(state, reason, code, preempted=preempted)
+
+    def _node_failed(self, task: Task, reason: str, code: int | None) -> Observation:
+        """The job's node failed and the pool leaves reruns to Klique: it goes again, a few
+        times, as a job that never ran does."""
+        if task.attempts >= _NEVER_RAN_TRIES:
+            return Observation(
+                TaskState.LOST, f"{reason}; its node failed in {task.attempts} attempts", code
+            )
+        return Observation(TaskState.LOST, f"{reason}; run again by Klique", code, retry=True)
 
     def _never_ran(self, task: Task, status: NativeStatus) -> Observation:
         """The job never ran: it goes again, like a job whose node failed, a few times."""

@@ -35,6 +35,15 @@ LSF_STATES: dict[str, TaskState] = {
     "EXIT": TaskState.FAILED,  # terminated with a non-zero status, or killed (see below)
 }
 
+# Running jobs whose execution LSF suspended (bjobs(1), "Job states": USUSP by its owner or an
+# administrator, SSUSP by LSF for host load or a closed run window): not charged unless the
+# pool's `charge_phases` names them, as Slurm's SUSPENDED and PBS's S and U (one rule,
+# docs/pbs-lsf-sites.md).
+LSF_PHASES: dict[str, str] = {
+    "USUSP": "suspended",
+    "SSUSP": "suspended",
+}
+
 # IBM Spectrum LSF 10.1, "Termination reasons" (bjobs -o exit_reason, bhist -l, bacct -l):
 # why LSF ended an EXIT job, where the exit file cannot tell.
 LSF_TERMINATIONS: dict[str, TaskState] = {
@@ -132,6 +141,10 @@ class LsfDriver(BatchDriver):
     STATES = LSF_ALL_STATES
     REASONS = LSF_REASONS
     SELF_ENDED = frozenset({"DONE", "EXIT"})  # the job script's own exit or signal
+    # Killed after preemption (TERMINATE_WHEN=PREEMPT in lsb.queues): a preempted task, run
+    # again where the pool's `requeue_preempted` says, as Slurm's PREEMPTED is.
+    PREEMPTED = frozenset({"EXIT/TERM_PREEMPT"})
+    PHASES = LSF_PHASES
     # bsub -J "name[1-N]": an array whose elements LSF numbers from 1, each with its index in
     # LSB_JOBINDEX. lsb.params MAX_JOB_ARRAY_SIZE (default 1000) bounds the largest index, so
     # an array holds at most 1000 tasks (IBM Spectrum LSF 10.1 Command Reference, bsub -J;

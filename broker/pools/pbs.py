@@ -40,6 +40,14 @@ PBS_STATES: dict[str, TaskState] = {
     "M": TaskState.LOST,  # PBS Professional: moved to another server, where this id is not valid
 }
 
+# Running jobs whose execution is suspended (qstat(1B): S by qsig -s suspend or preemption, U
+# while its workstation is busy): not charged unless the pool's `charge_phases` names them, as
+# Slurm's SUSPENDED and LSF's USUSP and SSUSP (one rule, docs/pbs-lsf-sites.md).
+PBS_PHASES: dict[str, str] = {
+    "S": "suspended",
+    "U": "suspended",
+}
+
 # How a finished job ended, from its exit status (see `ending`).
 PBS_ENDINGS: dict[str, TaskState] = {
     "completed": TaskState.COMPLETED,  # exit status 0
@@ -50,6 +58,9 @@ PBS_ENDINGS: dict[str, TaskState] = {
     "memory": TaskState.FAILED,  # killed by PBS for going over its memory limit
     "limit": TaskState.FAILED,  # killed by PBS for going over a CPU limit
     "exec": TaskState.FAILED,  # PBS could not start or keep the job (other JOB_EXEC_* codes)
+    # Substate 93 with no exit status: the job's MoM went down while it ran and the job was not
+    # rerunnable (OpenPBS req_jobobit.c, on_job_exit; discard_job): nobody deleted it.
+    "host": TaskState.LOST,
     # A subjob that ended and shows through its array (see `_status`): how is not kept.
     "ended": TaskState.COMPLETED,
 }
@@ -81,8 +92,18 @@ TORQUE_EXEC_CODES: dict[int, str] = {
     128 + 15: "deleted",  # caught qdel's SIGTERM and exited
 }
 # PBS Professional substates of a finished job (OpenPBS src/include/job.h; svr_jobfunc.c sets
-# them when the job enters history): 91 deleted (qdel), 92 finished, 93 failed (non-zero).
+# them when the job enters history): 91 deleted (qdel), 92 finished, 93 failed (non-zero, or
+# its MoM went down: then with no Exit_status at all).
 _SUBSTATE_TERMINATED = 91
+_SUBSTATE_FAILED = 93
+# The comment OpenPBS gives a finished subjob shown through its array (src/server/array_func.c,
+# update_sj_parent and set_subjob_tblstate): "Subjob finished", "Subjob failed" (a non-zero
+# exit), "Subjob terminated" (deleted).
+_SUBJOB_ENDINGS: dict[str, str] = {
+    "Subjob finished": "ended",
+    "Subjob failed": "failed",
+    "Subjob terminated": "deleted",
+}
 
 # Every state the parsers yield: the native states, and "<F|X|C>/<ending>" once finished.
 PBS_ALL_STATES: dict[str, TaskState] = {
@@ -98,6 +119,7 @@ _ENDING_REASONS: dict[str, str] = {
     "memory": "went over its memory limit (killed by PBS)",
     "limit": "went over its CPU limit (killed by PBS)",
     "exec": "PBS could not run the job",
+    "host": "its execution host went down and PBS did not rerun it (not rerunnable, qsub -r n)",
     "ended": "the subjob ended (PBS keeps no record of how without job history)",
 }
 PBS_REASONS: dict[str, str] = {
@@ -105,6 +127,8 @@ PBS_REASONS: dict[str, str] = {
     "H": "held in PBS",
     "W": "waiting in PBS for its start time",
     "M": "moved to another PBS server",
+    "S": "suspended in PBS",
+    "U": "suspended in PBS while its workstation is busy",
     **{f"{code}/{end}": text for code in _FINISHED for end, text in _ENDING_REASONS.items()},
 }
 
@@ -161,6 +185,7 @@ class PbsDriver(BatchDriver):
     kind = "pbs"
     STATES = PBS_ALL_STATES
     REASONS = PBS_REASONS
+    PHASES = PBS_PHASES
     # The job script's own exit or signal: only the exit file tells how the task ended.
     SELF_ENDED = frozenset(
         f"{code}/{end}" for code in _FINISHED for end in ("completed", "failed", "signal", "ended")
@@ -408,8 +433,11 @@ def _status(job_id: str, attrs: Mapping[str, Any], exec_codes: Mapping[int, str]
         # A PBS Professional subjob without a job of its own (no job history): OpenPBS
         # status_subjob (stat_job.c) shows its array's record in state X, the comment
         # "Subjob finished" and the array's Exit_status (update_sj_parent: 0, 1 or 2 for the
-        # last subjob to end), none of them this subjob's. The exit file tells.
-        return NativeStatus(job_id, name, f"{state}/ended", script=script, user=user)
+        # last subjob to end), none of them this subjob's. The exit file tells; the comment
+        # says whether it failed or was deleted, where it names either.
+        comment = str(attrs.get("comment", "")).strip()
+        end = next((e for c, e in _SUBJOB_ENDINGS.items() if comment.startswith(c)), "ended")
+        return NativeStatus(job_id, name, f"{state}/{end}", comment, script=script, user=user)
     overran = _overran(attrs)
     end = ending(status, _int(attrs.get("substate")), exec_codes, overran)
     detail = "no exit status" if status is None else f"exit status {status}"
@@ -458,7 +486,10 @@ def ending(
     """Which PBS_ENDINGS entry a finished job names. A deletion is read from the substate (91)
     where qstat shows one (PBS Professional, every version); a limit kill from the MoM's code,
     or (PBS Professional before JOB_EXEC_KILL_WALLTIME) from walltime used past its limit,
-    since the MoM kills only once it is exceeded; then the job's own status."""
+    since the MoM kills only once it is exceeded; then the job's own status. A failed job
+    (93) with no status at all lost its host: it was never deleted."""
+    if substate == _SUBSTATE_FAILED and status is None:
+        return "host"
     if substate == _SUBSTATE_TERMINATED or status is None:
         return "deleted"
     if status < 0:

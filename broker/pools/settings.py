@@ -55,6 +55,12 @@ class PoolSettings(Strict):
     # node-local folder for unpacked containers and runtime caches.
     container_runtime: Runtime | None = None
     container_scratch: str | None = None
+    # Apptainer and SingularityCE: the account's home inside the container (`account`, the
+    # runtime's own default) or none (`--no-home`): by default ~/.local's packages stay out.
+    container_home: Literal["none", "account"] = "none"
+    # The GPU driver libraries a container gets when its compute resource asks for GPUs
+    # (Apptainer --nv or --rocm), whatever GPU variables the scheduler sets.
+    container_gpus: Literal["nvidia", "rocm"] = "nvidia"
     PYXIS: ClassVar[bool] = False  # Pyxis is a Slurm plugin: only Slurm pools may name it
 
     @model_validator(mode="after")

@@ -31,11 +31,15 @@ SLURM_STATES: dict[str, TaskState] = {
     "SIGNALING": TaskState.RUNNING,  # SI: being signalled
     "STAGE_OUT": TaskState.RUNNING,  # SO
     "REQUEUED": TaskState.PENDING,  # RQ: being requeued
-    "REQUEUE_HOLD": TaskState.PENDING,  # RH
-    "REQUEUE_FED": TaskState.PENDING,  # RF
-    "RESV_DEL_HOLD": TaskState.PENDING,  # RD
-    "SPECIAL_EXIT": TaskState.PENDING,  # SE: requeued in a special state
-    "REVOKED": TaskState.CANCELLED,  # RV: sibling in a federation started it elsewhere
+    "REQUEUE_HOLD": TaskState.PENDING,  # RH: held while requeued (SLURM_HELD says what to do)
+    "REQUEUE_FED": TaskState.PENDING,  # RF: requeued by its federation
+    "RESV_DEL_HOLD": TaskState.PENDING,  # RD: held, its reservation was deleted (SLURM_HELD)
+    "SPECIAL_EXIT": TaskState.PENDING,  # SE: requeued in a special state, held (SLURM_HELD)
+    # EX (Slurm 25.11): requeued at once, ahead of other jobs, after its node failed.
+    "EXPEDITING": TaskState.PENDING,
+    # RV: this cluster's sibling of a federated job, revoked because another cluster of the
+    # federation started the job: the task runs there, and its exit file decides.
+    "REVOKED": TaskState.RUNNING,
     "COMPLETED": TaskState.COMPLETED,  # CD: all processes ended with exit code 0
     "FAILED": TaskState.FAILED,  # F: non-zero exit code or other failure
     "CANCELLED": TaskState.CANCELLED,  # CA: scancel, by the user or an administrator
@@ -66,10 +70,47 @@ SLURM_REASONS: dict[str, str] = {
     "BOOT_FAIL": "its node failed to boot (Slurm BOOT_FAIL)",
     "OUT_OF_MEMORY": "ran out of memory (Slurm OUT_OF_MEMORY)",
     "PREEMPTED": "preempted (Slurm PREEMPTED)",
-    "REVOKED": "revoked by the federation (Slurm REVOKED)",
+    "REVOKED": "running on another cluster of the federation (Slurm REVOKED here)",
+    "EXPEDITING": "requeued ahead of other jobs after a node failure (Slurm EXPEDITING)",
+    "REQUEUE_HOLD": "requeued and held (Slurm REQUEUE_HOLD)",
+    "SPECIAL_EXIT": "requeued and held (Slurm SPECIAL_EXIT)",
+    "RESV_DEL_HOLD": "held (Slurm RESV_DEL_HOLD)",
     "PENDING": "pending in Slurm's queue",
     "CONFIGURING": "its nodes are booting (Slurm CONFIGURING)",
     "SUSPENDED": "suspended (Slurm SUSPENDED: gang scheduling or preemption)",
+}
+
+# Jobs Slurm holds after it requeued them: they wait for a release that nobody gives unless
+# told. Keyed by squeue's state, or by its reason (slurmctld's state_desc, src/slurmctld/
+# job_mgr.c and agent.c); each says what to do, with the job's id for "{job}". "launch failed
+# requeued held" is not here: the pool's `requeued_held` acts on it (HELD_AFTER_FAILED_LAUNCH).
+SLURM_HELD: dict[str, str] = {
+    "REQUEUE_HOLD": "held by `scontrol requeuehold`; `scontrol release {job}` runs it again",
+    # What squeue shows once a `scontrol requeuehold` is done: PENDING with this reason
+    # (tests/data/slurm/squeue-requeue-held.txt, Slurm 22.05).
+    "job requeued in held state": (
+        "requeued and held by an operator (`scontrol requeuehold`); `scontrol release {job}` "
+        "runs it again, `klique cancel` ends the task"
+    ),
+    "SPECIAL_EXIT": (
+        "requeued in Slurm's special-exit state (the site's EpilogSlurmctld, or "
+        "`scontrol requeuehold state=SpecialExit`, marks an exit code to look at) and held; "
+        "`scontrol release {job}` runs it again, `klique cancel` ends the task"
+    ),
+    "RESV_DEL_HOLD": (
+        "held because its reservation was deleted; `scontrol release {job}` lets it run "
+        "outside the reservation, `klique cancel` ends the task"
+    ),
+    "user env retrieval failed requeued held": (
+        "held after slurmd could not load the account's login environment on the node "
+        "(sbatch --get-user-env); fix the account's shell start-up files, then `scontrol "
+        "release {job}`, or `klique cancel` the task"
+    ),
+    "launch failure limit exceeded requeued held": (
+        "held after its launch failed more often than Slurm allows (SchedulerParameters "
+        "max_batch_requeue); an administrator checks the nodes, then `scontrol release "
+        "{job}`, or `klique cancel` the task"
+    ),
 }
 
 log = logging.getLogger("klique.pools")
@@ -96,7 +137,8 @@ class SlurmSettings(BatchSettings):
     # job-wide (sbatch(1)): kept for sites that count GPUs only that way.
     gpu_flag: Literal["gres", "gpus-per-node", "gpus"] = "gres"
     # Who runs a job again after a node failure or a preemption (sbatch(1) --requeue,
-    # --no-requeue; slurm.conf(5) JobRequeue): Slurm, Klique (requeue_preempted), or nobody.
+    # --no-requeue; slurm.conf(5) JobRequeue): Slurm, Klique (requeue_preempted, and NODE_FAIL
+    # sent back to Klique's queue), or nobody.
     requeue: Literal["slurm", "klique", "none"] = "slurm"
     # A job Slurm requeued and held after its launch failed ("launch failed requeued held"):
     # released in place, or withdrawn (cancelled; the task goes again from Klique's queue).
@@ -110,7 +152,8 @@ class SlurmSettings(BatchSettings):
     @model_validator(mode="before")
     @classmethod
     def _one_owner_of_retries(cls, data: Any) -> Any:
-        """`requeue: klique` is Klique running a preempted job again; `none` is nobody."""
+        """`requeue: klique` is Klique running a preempted job, or one whose node failed,
+        again; `none` is nobody."""
         if not isinstance(data, dict):
             return data
         wanted = {"klique": True, "none": False}.get(str(data.get("requeue")))
@@ -151,6 +194,9 @@ class SlurmDriver(BatchDriver):
     # it: squeue's reason reads "launch failed requeued held". A hold of an operator's own
     # (`scontrol requeuehold`, JobHeldAdmin, JobHeldUser) is left alone.
     HELD_AFTER_FAILED_LAUNCH = re.compile(r"launch failed requeued held")
+    # sacct(1): NODE_FAIL ends a job whose node failed and that Slurm did not requeue (the
+    # script says --no-requeue unless `requeue: slurm`): `requeue: klique` runs it again.
+    NODE_FAILED = frozenset({"NODE_FAIL"})
     # slurmctld did not answer (src/common/slurm_errno.c): the pool is down. For sbatch,
     # SUBMIT_UNKNOWN is matched first, so only a failed connection ("Unable to contact slurm
     # controller (connect failure)", ECONNREFUSED) proves that nothing was queued.
@@ -176,6 +222,14 @@ class SlurmDriver(BatchDriver):
 
     def query_account(self) -> str:
         return str(self.pool.settings.get("status_account") or super().query_account())
+
+    def held(self, status: NativeStatus) -> str:
+        advice = SLURM_HELD.get(status.state) or SLURM_HELD.get(status.reason.strip())
+        return advice.format(job=status.native_id) if advice else ""
+
+    @property
+    def reruns_node_failures(self) -> bool:
+        return self.pool.settings.get("requeue") == "klique"
 
     async def check(self) -> list[str]:
         problems = await super().check()

@@ -319,3 +319,26 @@ def test_what_a_killed_runner_left_is_removed_by_the_next_run(
     assert run(rt, second).returncode == 0, console(second)
     assert "left by an earlier run that was killed" in console(second)
     assert list(scratch.glob("run-*")) == []
+
+
+@pytest.mark.parametrize("keep", [False, True], ids=["default", "container_home-account"])
+def test_apptainer_keeps_the_accounts_home_out_unless_the_pool_says(
+    rt: Runtime, workdir: Path, keep: bool
+) -> None:
+    """Apptainer mounts the account's home by default, and Python then imports ~/.local's
+    packages into the task: Klique runs it with --no-home unless the pool's `container_home`
+    is `account`."""
+    if rt.runtime not in ("apptainer", "singularity"):
+        pytest.skip("Apptainer and SingularityCE only")
+    home = Path(pwd.getpwuid(os.getuid()).pw_dir)
+    probe = Path(tempfile.mkstemp(prefix=".klique-home-probe-", dir=home)[1])
+    try:
+        check = f'if [ -e "{probe}" ]; then echo home-mounted; else echo home-absent; fi'
+        setting = {"container_home": "account"} if keep else {}
+        job = _job(rt, workdir, ["/bin/sh", "-c", check], **setting)
+        result = run(rt, job)
+        assert result.returncode == 0, (result.stderr, console(job))
+        seen = console(job).splitlines()[-1]
+    finally:
+        probe.unlink()
+    assert seen == ("home-mounted" if keep else "home-absent")

@@ -359,7 +359,7 @@ def test_subjobs_without_job_history_show_their_state_not_the_arrays_exit_status
     text = (PBS / "qstat_t_f_F_json_array.json").read_text()
     jobs = {s.native_id: s for s in parse_qstat_json(text)}
     assert (jobs["1000[0].pbs01"].state, jobs["1000[0].pbs01"].exit_code) == ("X/ended", None)
-    assert jobs["1000[1].pbs01"].state == "X/ended"
+    assert jobs["1000[1].pbs01"].state == "X/failed"  # "Subjob failed": the exit file tells how
     assert (jobs["1000[2].pbs01"].state, jobs["1000[3].pbs01"].state) == ("R", "Q")
     assert {s.name for s in jobs.values()} == {"klique-array-60-0123456789ab"}
     assert {s.script for s in jobs.values()} == {f"{ARRAY_FOLDER}/job.sh"}

@@ -42,15 +42,16 @@ def test_charliecloud_keeps_the_images_environment_under_the_tasks():
     assert "--set-env" not in without  # ch-run refuses a bare --set-env without the file
 
 
-def test_apptainer_exec_with_nv_cleanenv_no_eval_and_binds():
+def test_apptainer_exec_with_nv_cleanenv_no_eval_no_home_and_binds():
     argv = container.apptainer_argv(
-        "apptainer", "/c/i.sif", ["nvidia-smi"], MOUNTS[:1], "/klique/job", True, True
+        "apptainer", "/c/i.sif", ["nvidia-smi"], MOUNTS[:1], "/klique/job", "--nv", True
     )
     assert argv == [
         "apptainer",
         "exec",
         "--cleanenv",
         "--no-eval",
+        "--no-home",  # the account's ~/.local stays out of the task's Python
         "--nv",
         "--bind",
         "/jobs/7:/klique/job",
@@ -59,8 +60,26 @@ def test_apptainer_exec_with_nv_cleanenv_no_eval_and_binds():
         "/c/i.sif",
         "nvidia-smi",
     ]
-    old = container.apptainer_argv("singularity", "/i.sif", ["true"], [], "/", False, False)
+    old = container.apptainer_argv("singularity", "/i.sif", ["true"], [], "/", None, False)
     assert "--nv" not in old and "--no-eval" not in old and old[0] == "singularity"
+    home = container.apptainer_argv("apptainer", "/i.sif", ["true"], [], "/", None, False, True)
+    assert "--no-home" not in home  # the pool's `container_home: account`
+
+
+@pytest.mark.parametrize(
+    ("requested", "vendor", "gpu_env", "flag"),
+    [
+        (True, "nvidia", {}, "--nv"),  # a site that sets no CUDA variable in its jobs
+        (True, "rocm", {}, "--rocm"),
+        (False, "nvidia", {"CUDA_VISIBLE_DEVICES": "0"}, "--nv"),  # a host pool's grant
+        (False, "nvidia", {}, None),
+        (False, "nvidia", {"CUDA_VISIBLE_DEVICES": ""}, None),
+    ],
+)
+def test_apptainers_gpu_libraries_follow_the_compute_resources_request(
+    requested, vendor, gpu_env, flag
+):
+    assert container.apptainer_gpu_flag(requested, vendor, gpu_env) == flag
 
 
 @pytest.mark.parametrize(

@@ -507,7 +507,8 @@ def test_a_torque_job_array_shows_a_summary_and_with_t_each_subjob(cluster):
 @pytest.mark.parametrize("cluster", ["pbspro"], indirect=True)
 def test_a_pbs_pro_job_array_without_history_shows_ended_subjobs_until_it_leaves(cluster):
     """qsub -J 0-2: the array N[] and subjobs N[i], each with PBS_ARRAY_INDEX; without job
-    history an ended subjob shows through its array (X, "Subjob finished", no array_index)
+    history an ended subjob shows through its array (X, "Subjob finished" or "Subjob failed",
+    no array_index)
     while the array is there, qdel of it is refused, and the array leaves once all ended."""
     cluster.env["KLIQUE_SIM_JOB_HISTORY_ENABLE"] = "false"  # PBS Professional's default
     release = cluster.work / "arr.release"
@@ -539,7 +540,8 @@ def test_a_pbs_pro_job_array_without_history_shows_ended_subjobs_until_it_leaves
     jobs = listed()
     assert jobs[array]["job_state"] == "B" and jobs[array]["array_indices_submitted"] == "0-2"
     ended = jobs[f"{number}[1]{server}"]
-    assert ended["comment"] == "Subjob finished" and "array_index" not in ended
+    assert ended["comment"] == "Subjob failed" and "array_index" not in ended  # it exited 3
+    assert jobs[f"{number}[0]{server}"]["comment"] == "Subjob finished"
     assert jobs[f"{number}[2]{server}"]["array_index"] == 2
     assert Path(cluster.work, "arr.0.out").read_text() == f"{number}[0]{server} {array} 0\n"
     again = cluster.run("qdel", f"{number}[1]{server}")

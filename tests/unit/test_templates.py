@@ -1,6 +1,7 @@
 """Batch templates: quoting, directives from the estate, errors that name file and line."""
 
 import os
+import re
 import signal
 import subprocess
 import time
@@ -138,10 +139,15 @@ def _pyxis_estate():
 def test_a_pyxis_pool_starts_the_runner_inside_the_image():
     script = script_for(_pyxis_estate(), image="nvcr.io/nvidia/pytorch:24.01-py3")
     job = "/tmp/klique-jobs/klique-0"
+    # The step asks for the allocation's CPUs: srun of Slurm 22.05 to 23.02 does not inherit
+    # --cpus-per-task, and would give the runner one CPU.
+    cpus = re.search(r"^#SBATCH --cpus-per-task=(\d+)$", script, re.M)
+    assert cpus is not None and int(cpus[1]) > 1
     assert (
         f"KLIQUE_CONTAINER=pyxis exec srun --ntasks=1 '--container-image=nvcr.io#nvidia/pytorch:"
         f"24.01-py3' --container-mounts={job}:{job} --container-workdir={job} "
-        f"--no-container-entrypoint --export=ALL python3 -I -S {job}/klique-runner.pyz {job}"
+        f"--no-container-entrypoint --export=ALL --cpus-per-task={cpus[1]} python3 -I -S "
+        f"{job}/klique-runner.pyz {job}"
     ) in script
     assert 'export NVIDIA_VISIBLE_DEVICES="${SLURM_JOB_GPUS:-void}"' in script
     assert f"exec python3 -I -S {job}/klique-runner.pyz" not in script  # never on the host as well

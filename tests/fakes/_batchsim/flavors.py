@@ -39,7 +39,20 @@ KILL_SEQUENCE = {
     # brequeue: SIG_KILL_REQUEUE is bkill's SIG_TERM_USER (volclava lsbatch/daemons/sbd.sig.c).
     ("pbspro", "requeue"): [signal.SIGTERM, signal.SIGKILL],
     ("lsf", "requeue"): [signal.SIGINT, signal.SIGTERM, signal.SIGKILL],
+    # lsb.queues TERMINATE_WHEN=PREEMPT: the job's TERMINATE action, bkill's sequence by
+    # default (IBM Spectrum LSF 10.1, "Configuring job controls"); it ends EXIT, TERM_PREEMPT.
+    ("lsf", "preempt"): [signal.SIGINT, signal.SIGTERM, signal.SIGKILL],
 }
+
+
+def preemption_due(job: dict, cfg: dict) -> float | None:
+    """When an LSF job is preempted by a job of a higher-priority queue: its start plus
+    KLIQUE_SIM_LSF_PREEMPT_AFTER seconds (None: never), the simulator's stand-in for a
+    preemptive queue's job arriving."""
+    after = cfg.get("preempt_after")
+    if job["flavor"] != "lsf" or not after or job["launch_time"] is None:
+        return None
+    return job["launch_time"] + after
 
 
 def next_delay(job: dict, cfg: dict) -> float:
@@ -221,6 +234,11 @@ def lsf_report(job: dict, cfg: dict, script_text: str) -> str:
         )
     elif job["kill"] == "cancel":
         outcome = f"TERM_OWNER: job killed by owner.\nExited with exit code {lsf_exit_code(job)}."
+    elif job["kill"] == "preempt":
+        outcome = (
+            "TERM_PREEMPT: job killed after preemption.\n"
+            f"Exited with exit code {lsf_exit_code(job)}."
+        )
     elif lsf_exit_code(job) == 0:
         outcome = "Successfully completed."
     else:
@@ -289,7 +307,10 @@ def pbs_exit_status(job: dict) -> int | None:
     if job["launch_time"] is None and job.get("lost") is None:
         return None
     if job.get("lost"):
-        return -3
+        # The MoM went down under the job. One that may not rerun (qsub -r n) is discarded:
+        # it enters history failed (substate 93) with no Exit_status at all (OpenPBS
+        # req_jobobit.c, discard_job); -3 (JOB_EXEC_RETRY) otherwise.
+        return -3 if job["native"].get("rerunable", True) else None
     if job["signal"]:
         return 256 + job["signal"]
     return job["exit_code"]

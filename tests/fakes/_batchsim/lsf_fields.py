@@ -52,6 +52,7 @@ def _exit_reason(job: dict) -> str:
     return {
         "cancel": "TERM_OWNER: job killed by owner",
         "walltime": "TERM_RUNLIMIT: job killed after reaching LSF run time limit",
+        "preempt": "TERM_PREEMPT: job killed after preemption",
     }.get(job["kill"] or "", "")
 
 

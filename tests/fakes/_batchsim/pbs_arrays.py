@@ -168,7 +168,7 @@ def parent_record(subjobs: list[dict], cfg: dict, now: float, variables: dict) -
 def subjob_record(job: dict, subjobs: list[dict], cfg: dict, now: float, variables: dict) -> dict:
     """A subjob's attributes: its own job's, with array_id and array_index, where it has one
     (own_record); else its parent's up to `array`, in the subjob's state (Q with substate 10;
-    X with the comment "Subjob finished")."""
+    X with the comment "Subjob finished", "Subjob failed" or "Subjob terminated")."""
     index = job["array"]["index"]
     if own_record(job, cfg["job_history_enable"]):
         attrs = pbs_attributes.pbspro(job, cfg, now, variables)
@@ -185,5 +185,13 @@ def subjob_record(job: dict, subjobs: list[dict], cfg: dict, now: float, variabl
     if letter == "Q":
         attrs["substate"] = 10
     else:
-        attrs["comment"] = "Subjob finished"
+        attrs["comment"] = subjob_comment(job)
     return attrs
+
+
+def subjob_comment(job: dict) -> str:
+    """The comment a finished subjob shows through its array (OpenPBS array_func.c): deleted,
+    a non-zero exit (or a signal), or finished."""
+    if job["kill"] == "cancel":
+        return "Subjob terminated"
+    return "Subjob finished" if pbs_exit_status(job) in (0, None) else "Subjob failed"

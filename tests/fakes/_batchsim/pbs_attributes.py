@@ -75,6 +75,8 @@ def _substate(job: dict) -> int:
         return SUBSTATE[letter]
     if job["kill"] == "cancel":
         return 91
+    if job.get("lost"):
+        return 93  # its MoM went down: failed, whether or not an exit status is kept
     return 92 if pbs_exit_status(job) in (0, None) else 93
 
 

@@ -49,6 +49,7 @@ VENDOR_DEFAULTS = {
         "bjobs_consistent_exit_code": False,
         "runlimit_grace": 600.0,
         "max_job_array_size": 1000,
+        "preempt_after": None,
     },
 }
 PBS_VERSION = "2022.1.3.20230614134139"
@@ -65,6 +66,8 @@ def _config_from_env() -> dict:
         found["pbs_version"] = env["KLIQUE_SIM_PBS_VERSION"].strip()
     if env.get("KLIQUE_SIM_LSF_RUNLIMIT_GRACE"):
         found["runlimit_grace"] = env_float("KLIQUE_SIM_LSF_RUNLIMIT_GRACE", 600.0)
+    if env.get("KLIQUE_SIM_LSF_PREEMPT_AFTER"):
+        found["preempt_after"] = env_float("KLIQUE_SIM_LSF_PREEMPT_AFTER", 0.0) or None
     if env.get("KLIQUE_SIM_LSF_MAX_JOB_ARRAY_SIZE"):
         found["max_job_array_size"] = env_int("KLIQUE_SIM_LSF_MAX_JOB_ARRAY_SIZE", 1000)
     if env.get("KLIQUE_SIM_TORQUE_MAX_JOB_ARRAY_SIZE"):

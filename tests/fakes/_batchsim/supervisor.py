@@ -173,6 +173,12 @@ class Supervisor:
                 _append(_stderr_path(job), flavors.walltime_note(job, now))
             else:
                 self._due(deadline)
+        preempt_at = flavors.preemption_due(job, cfg)
+        if preempt_at is not None and not job["kill"]:
+            if now >= preempt_at:  # a job of a higher-priority queue takes its slots
+                job.update(kill="preempt", kill_next=now, kill_steps=0)
+            else:
+                self._due(preempt_at)
         if job["kill"] and job["kill_next"] is not None:
             if now >= job["kill_next"]:
                 steps = flavors.KILL_SEQUENCE[(job["flavor"], job["kill"])]

@@ -143,7 +143,14 @@ def build(flavour: Flavour, args: list[str]) -> int:
 
 
 def _parse_exec(flavour: Flavour, args: list[str]) -> tuple[dict, list[str]]:
-    opts: dict = {"cleanenv": False, "no_eval": False, "nv": False, "binds": [], "pwd": None}
+    opts: dict = {
+        "cleanenv": False,
+        "no_eval": False,
+        "nv": False,
+        "no_home": False,
+        "binds": [],
+        "pwd": None,
+    }
     while args and args[0].startswith("-"):
         flag, _, value = args[0].partition("=")
         takes = flag in ("--bind", "-B", "--pwd")
@@ -154,8 +161,10 @@ def _parse_exec(flavour: Flavour, args: list[str]) -> tuple[dict, list[str]]:
             opts["cleanenv"] = True
         elif flag == "--no-eval" and flavour.no_eval:
             opts["no_eval"] = True
-        elif flag == "--nv":
+        elif flag in ("--nv", "--rocm"):
             opts["nv"] = True
+        elif flag == "--no-home":
+            opts["no_home"] = True
         elif flag in ("--bind", "-B"):
             for item in value.split(","):
                 src, _, rest = item.partition(":")
@@ -210,6 +219,18 @@ def inject_script(overrides: dict[str, str], no_eval: bool) -> str:
     return "\n".join(lines)
 
 
+def default_binds(home: str, no_home: bool) -> list[tuple[str, str]]:
+    """What Apptainer mounts unless told not to (user guide, "Bind Paths and Mounts", system
+    defined binds; apptainer.conf `mount home`, `mount tmp`): the account's home (not with
+    --no-home) and the current directory; /tmp as well, which the ch-run underneath already
+    shares. A source that does not exist is left out, as Apptainer skips it with a warning."""
+    here = os.getcwd()
+    found = [] if no_home else [(home, home)]
+    if here not in ("/", "/tmp", home) and not here.startswith("/tmp/"):
+        found.append((here, here))
+    return [(src, dst) for src, dst in found if os.path.isdir(src)]
+
+
 def execute(flavour: Flavour, args: list[str]) -> int:
     opts, args = _parse_exec(flavour, args)
     image, command = args[0], args[1:]
@@ -227,11 +248,12 @@ def execute(flavour: Flavour, args: list[str]) -> int:
             + '\nexec "$@"\n'
         )
         cwd = opts["pwd"] or os.getcwd()
+        binds = [*default_binds(env["HOME"], opts["no_home"]), *opts["binds"]]
         return chrun.run(
             rootfs,
             ["/bin/sh", "-c", script, "sh", *command],
             env,
-            opts["binds"],
+            binds,
             cwd,
             chrun.host_gpus(),
         )
