@@ -9,10 +9,15 @@ from typing import Any
 
 import click
 
+# An empty listing says so and what to do next, never a bare "(none)".
+NOTHING = "nothing to list"
 
-def table(rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, str]]) -> None:
+
+def table(
+    rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, str]], empty: str = NOTHING
+) -> None:
     if not rows:
-        click.echo("(none)")
+        click.echo(empty)
         return
     cells = [[cell(row.get(key)) for key, _ in columns] for row in rows]
     widths = [max(len(head), *(len(c[i]) for c in cells)) for i, (_, head) in enumerate(columns)]
@@ -37,14 +42,17 @@ def when(ts: float | None) -> str:
     return dt.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S") if ts else "-"
 
 
-def listing(rows: list[dict[str, Any]], as_json: bool, columns: Sequence[tuple[str, str]]) -> None:
+def listing(
+    rows: list[dict[str, Any]],
+    as_json: bool,
+    columns: Sequence[tuple[str, str]],
+    empty: str = NOTHING,
+) -> None:
+    """A table for people (`empty` when there are no rows), JSON for programs ([] then)."""
     if as_json:
         click.echo(json.dumps(rows, indent=2))
     else:
-        table(rows, columns)
-
-
-json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+        table(rows, columns, empty)
 
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")

@@ -13,6 +13,8 @@ from typing import Any
 
 import click
 
+from broker.client import ApiError
+
 
 def pairs(items: tuple[str, ...], option: str, json_values: bool = False) -> dict[str, Any]:
     """KEY=VALUE items; with json_values, a value that reads as JSON is that value (0.01)."""
@@ -101,3 +103,28 @@ def wait_sweep(client: Any, sweep: int, poll_s: float = 0.5) -> int:
         time.sleep(poll_s)
     click.echo(f"sweep {sweep}: " + ", ".join(f"{n} {s}" for s, n in sorted(states.items())))
     return 0 if set(states) == {"completed"} else 1
+
+
+def stuck(client: Any, task: dict[str, Any]) -> str | None:
+    """Why a queued task cannot start in any pool of its compute resource (None: some pool
+    may start it): each pool found a problem at start that stops it taking any task."""
+    if task.get("state") != "queued":
+        return None
+    try:
+        resources, pools = client.get("/resources"), client.get("/pools")
+    except ApiError:  # a token that may submit but not read: the task is queued all the same
+        return None
+    profile = next((r for r in resources if r["name"] == task["resource"]), None)
+    states = {p["name"]: p for p in pools}
+    if profile is None or not profile["pools"]:
+        return None
+    seen = [states.get(name) or {} for name in profile["pools"]]
+    if not all(_stopped(p) for p in seen):
+        return None
+    reasons = "; ".join(str(p["reason"]) for p in seen)
+    return f"task {task['id']} is queued, but no pool of {task['resource']} can start it: {reasons}"
+
+
+def _stopped(pool: dict[str, Any]) -> bool:
+    """A pool that answered with a problem (not one that is only slow, or not yet asked)."""
+    return bool(pool) and not pool["reachable"] and pool["reason"] not in ("", "not polled yet")

@@ -107,8 +107,12 @@ class Client:
         if response.status_code == 401 and self.sso is not None:
             self._renew(refused=self.token)
             response = self._send(method, path, **kwargs)
+        if not _from_klique(response):
+            raise ApiError(not_klique(self.api, response))
         if response.status_code == 401:
-            raise ApiError(f"the server at {self.api} refused the token: {_detail(response)}")
+            detail = _detail(response)
+            then = "" if "klique login" in detail else "; then keep the new one with `klique login`"
+            raise ApiError(f"the server at {self.api} refused the token: {detail}{then}")
         if response.status_code >= 400:
             raise ApiError(_detail(response))
         return response.json()
@@ -116,6 +120,11 @@ class Client:
     def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         try:
             return self.http.request(method, path, **kwargs)
+        except (httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:
+            raise ApiError(
+                f"{self.api} is not a server's URL ({exc}); set KLIQUE_API to one like "
+                f"http://127.0.0.1:{config.DEFAULT_PORT}"
+            ) from exc
         except httpx.TransportError as exc:
             raise ApiError(
                 f"cannot reach the Klique server at {self.api} ({exc.__class__.__name__}); "
@@ -159,7 +168,8 @@ class Client:
             with self.http.stream("GET", path) as response:
                 if response.status_code >= 400:
                     response.read()
-                    raise ApiError(_detail(response))
+                    ok = _from_klique(response)
+                    raise ApiError(_detail(response) if ok else not_klique(self.api, response))
                 with target.open("wb") as out:
                     for chunk in response.iter_bytes(1 << 20):
                         out.write(chunk)
@@ -178,13 +188,48 @@ def _due(entry: dict[str, Any]) -> bool:
     return float(entry.get("expires_at") or 0) - RENEW_BEFORE_S <= time.time()
 
 
-def _detail(response: httpx.Response) -> str:
+def _from_klique(response: httpx.Response) -> bool:
+    """An answer of Klique's API: JSON, and for a refusal a `detail` that says why.
+
+    Another program at the address (a web server, a proxy's error page), or a URL with a path
+    that misses /api/v1 (the framework's bare "Not Found"), answers otherwise."""
     try:
-        detail = response.json().get("detail")
+        body = response.json()
     except ValueError:
-        return f"HTTP {response.status_code}: {response.text[:200]}"
+        return False
+    if response.status_code < 400:
+        return True
+    if not isinstance(body, dict) or "detail" not in body:
+        return False
+    return not (response.status_code == 404 and body["detail"] == "Not Found")
+
+
+def not_klique(api: str, response: httpx.Response) -> str:
+    kind = response.headers.get("content-type", "no content type").split(";")[0]
+    return (
+        f"the server at {api} did not answer as a Klique server (HTTP {response.status_code}, "
+        f"{kind} from {response.request.url.path}); fix: set KLIQUE_API (or `klique login "
+        f"--api`) to the address `klique server` prints, like http://127.0.0.1:{config.DEFAULT_PORT}"
+    )
+
+
+def _detail(response: httpx.Response) -> str:
+    """The refusal's reason, as one line."""
+    detail = response.json().get("detail")
     if isinstance(detail, list):  # FastAPI's validation errors
         return "; ".join(
             f"{'.'.join(str(p) for p in d.get('loc', [])[1:])}: {d.get('msg')}" for d in detail
         )
-    return str(detail)
+    return one_line(str(detail))
+
+
+def one_line(message: str) -> str:
+    """A message as the one line it is printed as: the next prompt starts on a line of its own,
+    and a message that spans lines (a server's words, several problems) is read as one."""
+    said: list[str] = []
+    for line in (" ".join(line.split()) for line in message.splitlines()):
+        if line and said and said[-1].endswith(":"):
+            said[-1] += f" {line}"
+        elif line:
+            said.append(line)
+    return "; ".join(said) or "failed without a reason; see the log"

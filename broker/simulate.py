@@ -45,7 +45,7 @@ class Verdict:
             return f"would start on {self.pool}{lent}"
         if self.waiting is None:
             return "would wait"
-        return f"would wait: {self.waiting.primary.sentence}: {self.waiting.detail}"
+        return f"would wait: {self.waiting.text}"
 
 
 @dataclass(frozen=True)

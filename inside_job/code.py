@@ -8,7 +8,7 @@ import re
 import shutil
 import subprocess
 
-from inside_job.errors import SetupFailed
+from inside_job.errors import SetupFailed, telling_line
 from inside_job.locks import FileLock
 
 TYPE_CHECKING = False
@@ -96,7 +96,7 @@ def apply_diff(dest: str, diff: str, commit: str, patch: str) -> None:
         return
     _run_git(["reset", "--quiet", "--hard", commit], dest)
     files = failed_files(result.stdout + result.stderr)
-    what = ", ".join(files) if files else _last_line(result.stderr)
+    what = ", ".join(files) if files else telling_line(result.stderr)
     raise SetupFailed(f"the diff does not apply to {commit[:12]}: {what}")
 
 
@@ -144,12 +144,7 @@ def _try_fetch_commit(mirror: str, commit: str) -> None:
 def _git(args: list[str], cwd: str | None, doing: str) -> None:
     result = _run_git(args, cwd)
     if result.returncode != 0:
-        raise SetupFailed(f"git failed {doing}: {_last_line(result.stderr)}")
-
-
-def _last_line(text: str) -> str:
-    lines = text.strip().splitlines()
-    return lines[-1] if lines else "no message"
+        raise SetupFailed(f"git failed {doing}: {telling_line(result.stderr)}")
 
 
 def _run_git(args: list[str], cwd: str | None) -> subprocess.CompletedProcess[str]:

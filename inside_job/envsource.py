@@ -6,7 +6,7 @@ import hashlib
 import os
 import sys
 
-from inside_job.errors import SetupFailed
+from inside_job.errors import SetupFailed, telling_line
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -97,8 +97,7 @@ def from_lock(path: str, uv: str | None) -> Source:
         stdin=subprocess.DEVNULL,
     )
     if result.returncode != 0:
-        last = (result.stderr.strip().splitlines() or ["no message"])[-1]
-        raise SetupFailed(f"uv export of {path} failed: {last}")
+        raise SetupFailed(f"uv export of {path} failed: {telling_line(result.stderr)}")
     lines = [line for line in result.stdout.splitlines() if not line.lstrip().startswith("#")]
     return from_lines(lines)
 

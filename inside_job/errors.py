@@ -7,6 +7,30 @@ SetupFailed             the task could not be started (exit code 125 unless said
 
 from __future__ import annotations
 
+import re
+
+# A line where a tool says what went wrong: git's "fatal:"/"error:", pip's "ERROR:", uv's
+# "error:" and "×", apptainer's "FATAL:", podman's "Error:", ch-run's "ch-run[42]: error: ...".
+_SAYS_WHAT = re.compile(r"^(?:[\w.-]+\[\d+\]:\s*)?(?:(?:fatal|error)\b|×)", re.IGNORECASE)
+_DECORATION = " \t│╰─▶×"  # uv draws its explanation as a tree
+
+
+def telling_line(output: str, fallback: str = "no message") -> str:
+    """The line of a tool's output that says what went wrong, as one line.
+
+    Tools end with advice ("and the repository exists.", "Please make sure ..."), so the last
+    line seldom names the fault: the first line marked as an error does. A marked line that ends
+    with ':' is followed by its explanation (uv's "× No solution found ...:" then "╰─▶ Because
+    ..."). Without a marked line, the last line, as before."""
+    lines = [line.strip() for line in output.splitlines() if line.strip(_DECORATION)]
+    for i, line in enumerate(lines):
+        if _SAYS_WHAT.match(line):
+            said = line.lstrip(_DECORATION)
+            if said.endswith(":") and i + 1 < len(lines):
+                said = f"{said} {lines[i + 1].strip(_DECORATION)}"
+            return said
+    return lines[-1] if lines else fallback
+
 
 class SetupFailed(Exception):
     """Raised with the one-line reason that exit.json carries."""

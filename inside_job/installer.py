@@ -6,7 +6,7 @@ import os
 import shutil
 import subprocess
 
-from inside_job.errors import SetupFailed
+from inside_job.errors import SetupFailed, telling_line
 from inside_job.locks import FileLock
 
 TYPE_CHECKING = False
@@ -121,6 +121,5 @@ def _run(argv: list[str], env: dict[str, str], tool: str) -> None:
         argv, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, check=False
     )
     if result.returncode != 0:
-        lines = [line for line in (result.stderr + result.stdout).splitlines() if line.strip()]
-        detail = lines[-1].strip() if lines else f"exit code {result.returncode}"
+        detail = telling_line(result.stderr + result.stdout, f"exit code {result.returncode}")
         raise SetupFailed(f"installing the requirements with {tool} failed: {detail}")

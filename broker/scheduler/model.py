@@ -109,8 +109,23 @@ class PendingReason:
     """Why a task waits: one primary reason, a sentence about this task, a per-pool breakdown."""
 
     primary: PendingCode
-    detail: str
+    detail: str  # what this task adds to the sentence ("" when nothing); never the sentence again
     pools: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def text(self) -> str:
+        """The one line that `why`, `ls` and the UI show: the sentence, then the detail."""
+        return joined_reason(self.primary.sentence, self.detail)
+
+
+def joined_reason(sentence: str, detail: str) -> str:
+    """`sentence: detail`, each said once: a detail that repeats the sentence adds nothing."""
+    sentence, detail = sentence.strip(), detail.strip()
+    if not detail or detail == sentence:
+        return sentence
+    if detail.startswith(sentence):
+        return detail
+    return f"{sentence}: {detail}"
 
 
 @dataclass(frozen=True)

@@ -59,7 +59,8 @@ def _capacity_reasons(
     if key not in breakdowns:
         breakdowns[key] = breakdown(cycle, group.resource, group.order)
     pools = breakdowns[key]
-    full = PendingReason(PendingCode.NO_CAPACITY, PendingCode.NO_CAPACITY.sentence, pools)
+    # The sentence says it all; the per-pool breakdown says why each pool refused.
+    full = PendingReason(PendingCode.NO_CAPACITY, "", pools)
     pending.update(dict.fromkeys((t.id for t in tasks), full))
     if reclaiming:
         back = _reclaim_reason(cycle, group, pools)
@@ -69,7 +70,7 @@ def _capacity_reasons(
         need = cycle.need(group.resource, pool)
         own = cycle.models[pool].refusal(need) if not isinstance(need, str) else need
         kept = {**pools, pool: f"{own}; kept free for this task until it fits"}
-        detail = f"{PendingCode.NO_CAPACITY.sentence}; {pool} takes nothing else until it starts"
+        detail = f"{pool} takes nothing else until it starts"
         pending[task_id] = PendingReason(PendingCode.NO_CAPACITY, detail, kept)
 
 
@@ -153,6 +154,6 @@ def pool_queue_reasons(
                 f" ({task.native_reason})" if task.native_reason else ""
             )
             text += f"; moves on after max_wait ({wait:g} s)" if wait is not None else ""
-        detail = f"{PendingCode.POOL_QUEUE.sentence} ({task.pool})"
+        detail = f"in {task.pool}"
         pending[task.id] = PendingReason(PendingCode.POOL_QUEUE, detail, {task.pool: text})
     return pending
