@@ -1,5 +1,6 @@
 """`klique agent --pool NAME --server URL`: one pool's agent as its own process on the pool's
-login node. It builds its driver from the server's estate, pulls the pool's tasks, submits,
+login node. It builds its driver from its pool's part of the server's estate (the pool, the
+compute resources that name it: broker/agent_estate.py), pulls the pool's tasks, submits,
 polls and reports over the agent API (broker/api/agents.py); the control plane keeps
 placement, policies and the ledger. The agent is the same PoolAgent that runs inside a server:
 only its ControlPlane is remote. Killed at any point, it restarts and adopts its jobs by tag.
@@ -22,7 +23,7 @@ from broker.estate import parse_estate
 from broker.pools.base import Context, Observation
 from broker.pools.registry import make_driver
 from broker.scheduler.agent import PoolAgent
-from broker.scheduler.link import Accepted, Attempt
+from broker.scheduler.link import Accepted, Attempt, Begun
 from broker.scheduler.placement import PoolState
 from broker.scheduler.wire import (
     observation_to_json,
@@ -31,6 +32,11 @@ from broker.scheduler.wire import (
 )
 
 log = logging.getLogger("klique.agent")
+
+
+class TokenRefused(KliqueError):
+    """The control plane refused the agent's token (unknown, expired or revoked): no retry can
+    help, and the server's answer says how to get a new one."""
 
 
 class HttpLink:
@@ -52,6 +58,8 @@ class HttpLink:
             response = await self.http.request(method, path, json=body)
         except httpx.HTTPError as exc:
             raise TransportError(f"the control plane did not answer: {exc!r}") from exc
+        if response.status_code == 401:
+            raise TokenRefused(f"the control plane refused this agent's token: {_detail(response)}")
         if response.status_code >= 400:
             raise TransportError(
                 f"the control plane refused {method} {path}: "
@@ -79,12 +87,12 @@ class HttpLink:
     async def holding(self, pool: str) -> list[Task]:
         return [task_from_json(t) for t in await self._request("GET", f"/{self.pool}/tasks")]
 
-    async def begin(self, attempts: Sequence[Attempt]) -> list[Task | None]:
-        calls = [
-            {"op": "begin", "task_id": a.task.id, "job_dir": a.job_dir, "digest": a.digest}
-            for a in attempts
+    async def begin(self, attempts: Sequence[Attempt]) -> list[Begun | None]:
+        calls = [{"op": "begin", "task_id": a.task.id, "job_dir": a.job_dir} for a in attempts]
+        return [
+            None if t is None else Begun(task_from_json(t), str(t["report_token"]))
+            for t in await self._calls(calls)
         ]
-        return [None if t is None else task_from_json(t) for t in await self._calls(calls)]
 
     async def submitted(self, accepted: Sequence[Accepted]) -> list[bool]:
         calls = [
@@ -148,6 +156,14 @@ async def serve_pool(pool: str, server: str, token: str, home: Path) -> None:
         await link.close()
 
 
+def _detail(response: httpx.Response) -> str:
+    """The server's own sentence, where it answered one."""
+    try:
+        return str(response.json()["detail"])
+    except (ValueError, KeyError, TypeError):
+        return response.text[:300]
+
+
 async def _retrying(fetch: Any) -> Any:
     """The first answer of the control plane, waiting for it with backoff (it may restart)."""
     delay = 1.0
@@ -160,12 +176,16 @@ async def _retrying(fetch: Any) -> Any:
             delay = min(delay * 2, 30.0)
 
 
-def install_helper(path: Path) -> Path:
+def install_helper(path: Path, config: Path | None = None) -> Path:
     """Copy the helper program (broker/helper.py) to `path`, readable and runnable by all and
-    writable by this account only; for a sudoers rule it must be owned by root."""
+    writable by this account only; for a sudoers rule it must be owned by root. `config` fixes
+    where the copy reads its job roots (helper.CONFIG by default): never from its caller."""
     from broker import helper
 
     source = Path(helper.__file__).read_bytes()
+    if config is not None:
+        fixed = f"CONFIG = {str(config.absolute())!r}\n".encode()
+        source = source.replace(f'CONFIG = "{helper.CONFIG}"\n'.encode(), fixed, 1)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_bytes(source)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -13,7 +14,7 @@ import click
 
 from broker import cli_sdk, cli_submit, config
 from broker.cli_output import cell, json_option, listing, when
-from broker.client import Client, save_token
+from broker.client import Client, one_line, save_token
 from broker.errors import EstateError, KliqueError
 
 FINAL = {"completed", "failed", "cancelled", "timeout", "lost"}
@@ -26,11 +27,11 @@ class KliqueGroup(click.Group):
         try:
             return super().invoke(ctx)
         except EstateError as exc:
-            for problem in exc.problems:
-                click.echo(problem, err=True)
+            for problem in exc.problems:  # one line each, FILE:LINE: field: what; fix: how
+                click.echo(one_line(problem), err=True)
             sys.exit(2)
         except KliqueError as exc:
-            click.echo(f"klique: {exc}", err=True)
+            click.echo(f"klique: {one_line(str(exc))}", err=True)
             sys.exit(1)
 
 
@@ -50,7 +51,40 @@ def main() -> None:
 )
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=config.DEFAULT_PORT, show_default=True, type=int)
-def server(estate_path: str | None, host: str, port: int) -> None:
+@click.option(
+    "--routes-port",
+    type=int,
+    help="The port that serves routes (apps' pages), an origin apart from the UI's and API's "
+    "(default: --port + 1).",
+)
+@click.option(
+    "--routes-domain",
+    metavar="DOMAIN",
+    help="A wildcard DNS domain: route NAME is served at NAME.DOMAIN (a host of its own per "
+    "route, on the routes port). Without it, all routes share the routes port's origin.",
+)
+@click.option(
+    "--routes-url",
+    metavar="URL",
+    help="The routes' public address where a proxy (TLS) serves the routes port, `*` standing "
+    "for the route's name: https://*.routes.example.org (default: from the options above).",
+)
+@click.option(
+    "--forwarded-allow-ips",
+    metavar="ADDRESSES",
+    help="The reverse proxies (comma-separated addresses) whose X-Forwarded-For and "
+    "X-Forwarded-Proto are believed. Default: none; every caller's address is its socket's, "
+    "so login throttles count real addresses.",
+)
+def server(
+    estate_path: str | None,
+    host: str,
+    port: int,
+    routes_port: int | None,
+    routes_domain: str | None,
+    routes_url: str | None,
+    forwarded_allow_ips: str | None,
+) -> None:
     """Run the API, the scheduler and the pool agents in this process."""
     from broker.estate import builtin_estate, load_estate
     from broker.server import serve
@@ -60,7 +94,28 @@ def server(estate_path: str | None, host: str, port: int) -> None:
     if estate_path is None and default.exists():
         estate_path = str(default)
     estate = load_estate(estate_path) if estate_path else builtin_estate()
-    serve(estate, home, config.store_url(), host, port)
+    if estate_path is None and os.geteuid() == 0:
+        click.echo(f"klique: {ROOT_WITHOUT_ESTATE}", err=True)
+    serve(
+        estate,
+        home,
+        config.store_url(),
+        host,
+        port,
+        routes_port,
+        routes_domain,
+        routes_url,
+        trusted_proxies=forwarded_allow_ips,
+    )
+
+
+# Klique never runs a task as root, and the built-in pool has no user map to run it as anyone
+# else: said at start, not discovered by the first task that waits for ever.
+ROOT_WITHOUT_ESTATE = (
+    "the server runs as root without an estate, and the built-in pool runs no task as root, "
+    "so every task would wait; fix: give --estate a file whose pool maps users to an ordinary "
+    "account (user_map, job_root), or run `klique demo`, which makes such an account and estate"
+)
 
 
 @main.command()
@@ -213,10 +268,15 @@ def submit(
         diff = f" + {len(code.diff.encode())} bytes of changes" if code and code.diff else ""
         copy = f" (a copy of task {clone})" if clone is not None else ""
         click.echo(f"task {task['id']} queued on {task['resource']}{where}{diff}{copy}")
+        stuck = cli_submit.stuck(client, task)  # for people; programs read the task's state
+        if stuck:
+            click.echo(f"klique: {stuck}", err=True)
     if wait:
         task = _wait(client, task["id"], lambda t: t["state"] in FINAL)
-        click.echo(f"task {task['id']} {task['state']}: {task['reason']}")
-        sys.exit(0 if task["state"] == "completed" else (task["exit_code"] or 1))
+        ended = task["state"] == "completed"
+        reason = one_line(task["reason"]) if task["reason"] else "-"
+        click.echo(f"task {task['id']} {task['state']}: {reason}", err=not ended)
+        sys.exit(0 if ended else (task["exit_code"] or 1))
 
 
 def _wait(
@@ -265,7 +325,16 @@ def list_tasks(
         rows = Client().get(
             "/tasks", state=state, all_users=all_users or None, limit=limit, before=before
         )
-    listing(rows, as_json, TASK_COLUMNS)
+    listing(rows, as_json, TASK_COLUMNS, no_tasks(state, sweep, before))
+
+
+def no_tasks(state: str | None, sweep: int | None, before: int | None) -> str:
+    """What an empty task listing says: why it may be empty, and what to do next."""
+    if sweep is not None:
+        return f"sweep {sweep} has no tasks here; `klique ls` lists yours"
+    if state or before is not None:
+        return "no tasks match; list them all with `klique ls`"
+    return "no tasks yet; submit one with `klique submit -- python train.py`"
 
 
 @main.command()
@@ -384,8 +453,7 @@ def why(task_id: int, as_json: bool) -> None:
     if not answer["waiting"]:
         click.echo(f"task {task_id} is not waiting: it is {answer['state']} ({answer['detail']})")
         return
-    click.echo(f"task {task_id} waits [{answer['primary']}]: {answer['sentence']}")
-    click.echo(f"  {answer['detail']}")
+    click.echo(f"task {task_id} waits [{answer['primary']}]: {answer['reason']}")
     for pool, reason in answer["pools"].items():
         click.echo(f"  {pool}: {reason}")
 
@@ -440,6 +508,7 @@ def pools(as_json: bool) -> None:
             ("unknown_jobs", "UNKNOWN JOBS"),
             ("reason", "REASON"),
         ],
+        "the estate has no pools; the platform team adds them under pools: in the estate",
     )
 
 

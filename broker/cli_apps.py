@@ -6,13 +6,14 @@ from __future__ import annotations
 import json
 import sys
 import time
+import webbrowser
 from pathlib import Path
 from typing import Any
 
 import click
 
 from broker.cli_output import json_option, listing
-from broker.client import Client
+from broker.client import ApiError, Client
 
 INSTANCE_COLUMNS = [
     ("id", "ID"),
@@ -43,6 +44,8 @@ def list_apps(as_json: bool) -> None:
         rows,
         as_json,
         [("name", "APP"), ("kind", "KIND"), ("lock", "LOCKED"), ("description", "DESCRIPTION")],
+        "the app catalogue is empty; the platform team adds app files to the folder that the "
+        "estate's apps.catalogue names",
     )
 
 
@@ -154,20 +157,56 @@ def launch(name: str | None, wait: bool, as_json: bool, **options: Any) -> None:
     if as_json:
         click.echo(json.dumps(instance, indent=2))
         return
-    url = f"{client.api}{instance['path']}"
     click.echo(f"app {instance['app']} launched as task {instance['id']} on {instance['resource']}")
-    click.echo(f"route: {url}  (in a browser, open once: {url}?token=YOUR_TOKEN)")
+    click.echo(f"route: {instance['path']}  (in a browser: klique app open {instance['id']})")
     if wait and instance["state"] in FINAL:
         click.echo(f"it ended {instance['state']}: {instance['reason']}", err=True)
         sys.exit(1)
 
 
-def _wait_ready(client: Client, task_id: int) -> dict[str, Any]:
+def _wait_ready(client: Client, task_id: int, poll_s: float = 0.5) -> dict[str, Any]:
+    """Until the app is ready to open (running, and its runner has had an answer from the app's
+    ready path) or it ended. Meanwhile stderr says each step once, with the console's new lines,
+    so that a long environment build shows its progress rather than silence."""
+    said: tuple[str, str] | None = None
+    offset = 0
     while True:
         instance: dict[str, Any] = client.get(f"/apps/instances/{task_id}")
-        if instance["ready"] or instance["state"] in FINAL:
+        if instance["state"] in FINAL or ready_to_open(instance):
             return instance
-        time.sleep(0.5)
+        step = (instance["state"], instance["reason"] or "")
+        if step != said:
+            click.echo(f"app {instance['app']} (task {task_id}) {progress(instance)}", err=True)
+            said = step
+        if instance["state"] == "running":
+            offset = _console_lines(client, task_id, offset)
+        time.sleep(poll_s)
+
+
+def ready_to_open(instance: dict[str, Any]) -> bool:
+    """Its route answers: the app runs and answered its ready path through its tunnel."""
+    return bool(instance["ready"]) and instance["state"] == "running"
+
+
+def progress(instance: dict[str, Any]) -> str:
+    """One step of a launch, as a user waits for it."""
+    reason = f": {instance['reason']}" if instance.get("reason") else ""
+    if instance["state"] == "running":
+        return "runs: its environment is made, then the app starts; its route opens when it answers"
+    return f"is {instance['state']}{reason}"
+
+
+def _console_lines(client: Client, task_id: int, offset: int) -> int:
+    """The console's new whole lines on stderr, indented; the offset after them."""
+    try:
+        chunk = client.get(f"/tasks/{task_id}/logs", offset=offset)
+    except ApiError:  # the console is a courtesy while waiting: its absence ends nothing
+        return offset
+    text = str(chunk.get("text") or "")
+    whole = text[: text.rfind("\n") + 1]
+    for line in whole.splitlines():
+        click.echo(f"  | {line}", err=True)
+    return offset + len(whole.encode()) if whole else offset
 
 
 @app.command("export")
@@ -198,7 +237,30 @@ def export(name: str | None, task_id: int | None, **options: Any) -> None:
 def list_instances(all_users: bool, ended: bool, as_json: bool) -> None:
     """Your running apps and their routes."""
     rows = Client().get("/apps/instances", all_users=all_users or None, ended=ended or None)
-    listing(rows, as_json, INSTANCE_COLUMNS)
+    none = "no apps are running" + (" or ended" if ended else "")
+    listing(rows, as_json, INSTANCE_COLUMNS, f"{none}; start one with `klique app launch NAME`")
+
+
+@app.command("open")
+@click.argument("target")
+@click.option("--browser", is_flag=True, help="Open the address in this machine's web browser.")
+def open_route(target: str, browser: bool) -> None:
+    """An app's route in a browser: prints a one-time address (good once, for 60 s) that signs
+    the browser in to that route only, as you. TARGET: the app's task id or its route's name."""
+    client = Client()
+    name = target
+    if target.isdigit():
+        path = str(client.get(f"/apps/instances/{target}").get("path") or "")
+        name = path.removeprefix("/routes/").strip("/")
+        if not path.startswith("/routes/") or not name:
+            raise click.ClickException(f"task {target} has no route; `klique app ls` lists apps")
+    made = client.post(f"/routes/{name}/code")
+    click.echo(made["url"])
+    click.echo(
+        f"(good once, within {made['expires_in_s']} s: run this again for another)", err=True
+    )
+    if browser:
+        webbrowser.open(made["url"])
 
 
 @app.command("stop")
@@ -243,6 +305,7 @@ def routes(as_json: bool) -> None:
             ("ready", "READY"),
             ("path", "PATH"),
         ],
+        "no static routes; an admin makes one with `klique app route create NAME`",
     )
 
 

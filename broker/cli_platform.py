@@ -17,6 +17,7 @@ from broker.cli_output import json_option, table, when
 from broker.client import Client
 from broker.domain import Estate
 from broker.errors import KliqueError
+from broker.names import AGENT_ID_PREFIX
 
 
 @click.group()
@@ -106,7 +107,7 @@ async def _pool_problems(estate: Estate) -> list[str]:
 
 @click.group()
 def token() -> None:
-    """Tokens for users and service users (CI, bots): make, list, revoke."""
+    """Tokens for users, service users (CI, bots) and pool agents: make, list, revoke."""
 
 
 @token.command("create")
@@ -155,15 +156,20 @@ def token_create(
 @token.command("ls")
 @json_option
 def token_ls(as_json: bool) -> None:
-    """List tokens: everyone's with an admin token, else your own (never the tokens)."""
-    rows = Client().get("/tokens")
+    """List tokens: everyone's and the pool agents' with an admin token, else your own (never
+    the tokens)."""
+    client = Client()
+    rows = client.get("/tokens")
+    if client.get("/whoami")["admin"]:
+        rows += client.get("/agent-tokens")
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
+    now = time.time()
     for row in rows:
         row["expires"] = when(row["expires_at"]) if row["expires_at"] else "never"
         row["last_used"] = when(row["last_used_at"]) if row["last_used_at"] else "never"
-        row["state"] = "revoked" if row["revoked"] else "in force"
+        row["state"] = _token_state(row, now)
     table(
         rows,
         [
@@ -172,6 +178,7 @@ def token_ls(as_json: bool) -> None:
             ("user", "USER"),
             ("team", "TEAM"),
             ("scopes", "SCOPES"),
+            ("pools", "POOLS"),
             ("expires", "EXPIRES"),
             ("last_used", "LAST USED"),
             ("state", "STATE"),
@@ -179,22 +186,49 @@ def token_ls(as_json: bool) -> None:
     )
 
 
+def _token_state(row: dict[str, Any], now: float) -> str:
+    if row["revoked"]:
+        return "revoked"
+    return "expired" if row["expires_at"] and row["expires_at"] <= now else "in force"
+
+
 @token.command("revoke")
 @click.argument("token_ids", nargs=-1, required=True)
 def token_revoke(token_ids: tuple[str, ...]) -> None:
-    """Revoke tokens by id (`klique token ls` shows them): yours, or any with an admin token."""
+    """Revoke tokens by id (`klique token ls` shows them): yours, or any with an admin token;
+    an agent token (agent-...) with an admin token. A revoked token is refused at its next
+    use."""
     client = Client()
     for token_id in token_ids:
+        if token_id.startswith(AGENT_ID_PREFIX):
+            done = client.post(f"/agent-tokens/{token_id}/revoke")
+            click.echo(f"agent token {done['id']} of pools {', '.join(done['pools'])} revoked")
+            continue
         done = client.post(f"/tokens/{token_id}/revoke")
         click.echo(f"token {done['id']} of {done['user']} revoked")
 
 
 @token.command("create-agent")
 @click.option("--pool", "pools", multiple=True, required=True, help="A pool it serves.")
-def token_create_agent(pools: tuple[str, ...]) -> None:
+@click.option(
+    "--expires",
+    metavar="DURATION",
+    default="90d",
+    show_default=True,
+    help="Expire after 30d, 12h, ... (at most 366d).",
+)
+@json_option
+def token_create_agent(pools: tuple[str, ...], expires: str, as_json: bool) -> None:
     """Print a new token for `klique agent`: it may act only for these pools (declared
-    `agent: remote`)."""
-    click.echo(Client().post("/agent-tokens", {"pools": list(pools)})["token"])
+    `agent: remote`) until it expires or is revoked (`klique token ls` shows its id)."""
+    from broker.units import parse_duration_s
+
+    try:
+        expires_in = parse_duration_s(expires)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--expires") from None
+    made = Client().post("/agent-tokens", {"pools": list(pools), "expires_in": expires_in})
+    click.echo(json.dumps(made, indent=2) if as_json else made["token"])
 
 
 @click.command()

@@ -230,11 +230,15 @@ class Team:
 
 @dataclass(frozen=True)
 class Limits:
-    """What one API request may carry; the estate's `limits:` section raises them."""
+    """What one API request may carry, and what one task may keep on the server (its console
+    copy, scalars and artifacts); the estate's `limits:` section sets them."""
 
     max_request_bytes: int = 32 * 1024 * 1024
     max_diff_bytes: int = 16 * 1024 * 1024
     max_batch: int = 10_000  # tasks in one request (a sweep, a batch)
+    max_console_bytes: int = 256 * 1024 * 1024
+    max_scalars: int = 1_000_000  # points
+    max_artifact_bytes: int = 100 * 1024 * 1024 * 1024  # all of one task's artifacts
 
 
 @dataclass(frozen=True)

@@ -105,6 +105,11 @@ class LimitsFile(Strict):
     max_request: SizeMB = 32  # MiB
     max_diff: SizeMB = 16  # MiB
     max_batch: int = Field(10_000, ge=1, le=1_000_000)  # tasks in one request
+    # What one task may keep on the server, whatever its job sends: its console copy, its
+    # scalars (points) and its artifacts all together.
+    max_console: SizeMB = 256  # MiB
+    max_scalars: int = Field(1_000_000, ge=0, le=2**31)
+    max_artifacts: SizeMB = 100 * 1024  # MiB
 
 
 class AppsFile(Strict):
@@ -454,6 +459,9 @@ def _build(model: EstateFile, pools: dict[str, PoolSettings], source: str) -> Es
             max_request_bytes=model.limits.max_request * 1024 * 1024,
             max_diff_bytes=model.limits.max_diff * 1024 * 1024,
             max_batch=model.limits.max_batch,
+            max_console_bytes=model.limits.max_console * 1024 * 1024,
+            max_scalars=model.limits.max_scalars,
+            max_artifact_bytes=model.limits.max_artifacts * 1024 * 1024,
         ),
         artifacts=ArtifactSettings(
             store=model.artifacts.store, max_bytes=model.artifacts.max_size * 1024 * 1024

@@ -1,7 +1,9 @@
 """What a transport does in a job folder, as the account: each operation one small shell
 script whose paths and modes arrive as arguments ("$1", "$2"), never as script text. A sudo
 transport runs the same operations through the one helper program its sudoers rule allows
-(broker/helper.py), which must do exactly what these scripts do.
+(broker/helper.py), which must do what these scripts do and, since its caller is not trusted,
+nothing outside the job roots its own configuration lists: no link followed, no program run but
+SUBMIT_PROGRAMS.
 """
 
 from __future__ import annotations

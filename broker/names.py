@@ -22,6 +22,10 @@ NO_NUL = r"^[^\x00]*$"
 IMAGE = r"^[A-Za-z0-9/][A-Za-z0-9._/:@+#-]{0,511}$"
 # A repository: a URL or a path; never something git would read as an option.
 REPO = r"^[^-\x00-\x1f\x7f][^\x00-\x1f\x7f]{0,2047}$"
+# An agent token's id (`klique token ls`): a prefix that tells it from a user's token's id, and
+# the start of its digest.
+AGENT_ID_PREFIX = "agent-"
+AGENT_ID = r"^agent-[0-9a-f]{16}$"
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 

@@ -1,4 +1,6 @@
-"""`klique server`: the API, the scheduler cycle and the pool agents in one process."""
+"""`klique server`: the API, the scheduler cycle and the pool agents in one process, on two
+listeners: the UI and API on one, routes on the other (an origin of their own:
+broker/routes/origin.py)."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ import json
 import logging
 import os
 import pwd
+import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -20,6 +23,7 @@ from broker.domain import Estate
 from broker.mcp.mount import mount_mcp
 from broker.pools.base import Context
 from broker.pools.registry import make_driver
+from broker.routes.origin import RoutesOrigin, RoutesPlace, Split, routes_place
 from broker.scheduler.loop import Scheduler
 from broker.store.repository import Store
 
@@ -88,7 +92,52 @@ def build_app(
     return app
 
 
-def serve(estate: Estate, home: Path, db_url: str, host: str, port: int) -> None:
+def listener(host: str, port: int) -> socket.socket:
+    """A bound socket for uvicorn; one sentence and exit 1 when the address cannot be had."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+        sock.listen(2048)  # here, not in uvicorn: a port in use is known before the start
+    except OSError as exc:
+        sock.close()
+        raise SystemExit(
+            f"klique: cannot listen on {host}:{port} ({exc.strerror or exc}); "
+            "choose another with --port or --routes-port"
+        ) from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def split_app(app: FastAPI, place: RoutesPlace) -> Split:
+    """The UI's and API's app on its port, the routes' origin on the routes port."""
+    app.state.routes_place = place
+    routes = RoutesOrigin(app.state.route_proxy, lambda: app.state.routes_place)
+    return Split(app, routes, place.port)
+
+
+def serve(
+    estate: Estate,
+    home: Path,
+    db_url: str,
+    host: str,
+    port: int,
+    routes_port: int | None = None,
+    routes_domain: str | None = None,
+    routes_url: str | None = None,
+    *,
+    trusted_proxies: str | None = None,
+) -> None:
+    """Serve until stopped. `trusted_proxies` names the reverse proxies whose forwarding
+    headers are believed; without it, a caller's address is its socket's own (uvicorn would
+    otherwise believe any local account's X-Forwarded-For, and the login throttle's count per
+    address with it)."""
+    try:
+        place = routes_place(host, port, routes_port or port + 1, routes_domain, routes_url)
+    except ValueError as exc:
+        raise SystemExit(f"klique: {exc}") from None
+    sockets = [listener(host, port), listener(host, place.port)]
     private_home(home)
     store = Store.open(db_url)
     token_path = ensure_admin_token(store, home)
@@ -102,17 +151,22 @@ def serve(estate: Estate, home: Path, db_url: str, host: str, port: int) -> None
     app = build_app(estate, store, home, api_url)
     write_private(
         home / "server.json",
-        json.dumps({"url": api_url, "pid": os.getpid(), "estate": estate.source}),
+        json.dumps(
+            {"url": api_url, "routes": place.url, "pid": os.getpid(), "estate": estate.source}
+        ),
     )
     print(
-        f"klique: serving {api_url} (estate {estate.source}, {len(estate.pools)} pools)", flush=True
+        f"klique: serving {api_url} (estate {estate.source}, {len(estate.pools)} pools); "
+        f"routes at {place.address('NAME')}",
+        flush=True,
     )
     # Live pages hold their event streams open: a stop waits this long for them, then ends them.
-    uvicorn.run(
-        app,
-        host=host,
-        port=port,
+    config = uvicorn.Config(
+        split_app(app, place),
         http="httptools",
         log_level="warning",
         timeout_graceful_shutdown=5,
+        proxy_headers=trusted_proxies is not None,
+        forwarded_allow_ips=trusted_proxies,
     )
+    uvicorn.Server(config).run(sockets=sockets)

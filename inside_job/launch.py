@@ -9,7 +9,7 @@ import pwd
 import subprocess
 
 from inside_job import container, gpus, imageref, scratch
-from inside_job.errors import SetupFailed
+from inside_job.errors import SetupFailed, telling_line
 from inside_job.locks import FileLock
 
 TYPE_CHECKING = False
@@ -135,9 +135,11 @@ def apptainer(launch: Launch) -> None:
     env[f"{upper}_TMPDIR"] = workspace.path
     image = launch.reference()
     sif = image if imageref.is_local(image) else _converted(launch, image, ".sif", env)
-    gpu = launch.gpu_env.get("CUDA_VISIBLE_DEVICES", "") != ""
+    spec = launch.spec
+    gpu = container.apptainer_gpu_flag(spec.gpus_requested, spec.container_gpus, launch.gpu_env)
+    home = spec.container_home == "account"
     launch.prepared.argv = container.apptainer_argv(
-        binary, sif, launch.prepared.argv, launch.mounts, launch.cwd, gpu, no_eval
+        binary, sif, launch.prepared.argv, launch.mounts, launch.cwd, gpu, no_eval, home
     )
     env.update(container.apptainer_environment(binary, launch.variables, no_eval))
     launch.prepared.env = env
@@ -264,8 +266,8 @@ def _check(argv: list[str], doing: str, env: dict[str, str] | None) -> str:
     except FileNotFoundError as exc:
         raise SetupFailed(f"{argv[0]} is not installed on this node ({doing})") from exc
     if result.returncode != 0:
-        lines = (result.stderr + result.stdout).strip().splitlines()
-        raise SetupFailed(f"{doing} failed: {lines[-1] if lines else result.returncode}")
+        said = telling_line(result.stderr + result.stdout, f"exit code {result.returncode}")
+        raise SetupFailed(f"{doing} failed: {said}")
     return result.stdout
 
 

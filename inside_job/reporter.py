@@ -2,7 +2,12 @@
 (so a resend is idempotent), and the exit; the files stay the truth, failures only back off.
 A start goes START_GRACE_S after it happens, the end at once, and what piles up meanwhile
 (console, scalars, the newest state) every INTERVAL_S; a task that ends within its start's grace
-takes one request for its whole life: setting up, running, done and its exit."""
+takes one request for its whole life: setting up, running, done and its exit.
+
+The server may refuse for good: an attempt that is over (401: the token is no longer the task's,
+after a requeue; 403 or 409: the task has ended) hears nothing more from this reporter; a report
+past one of the task's bounds (413) goes again without its console and scalars, which stay whole
+in the job's folder. Neither is an error of the job's."""
 
 from __future__ import annotations
 
@@ -19,6 +24,8 @@ START_GRACE_S = 0.1  # a start waits this long for an end to go with
 CHUNK_BYTES = 64 * 1024
 TIMEOUT_S = 2.0
 MAX_BACKOFF_S = 10.0
+REFUSED = (401, 403, 409)  # this attempt's reports are over: stop, quietly
+PAST_BOUND = 413  # the task's console or scalars are full on the server
 
 
 class Reporter:
@@ -38,6 +45,8 @@ class Reporter:
         self._stop = threading.Event()
         self._starting = False  # a start to send after its grace
         self._delay = INTERVAL_S
+        self._over = False  # the server refuses this attempt's reports for good
+        self._bounded = False  # past a bound: state and exit only
         self._thread = threading.Thread(target=self._loop, name="klique-report", daemon=True)
         start_without_signals(self._thread)
 
@@ -73,13 +82,14 @@ class Reporter:
 
     def _flush(self, final: bool) -> bool:
         """Post until nothing new is left; False at the first failed request."""
-        while True:
+        while not self._over:
             body, states, console_end, scalars_end = self._next_body(final)
             if not body:
                 return True
             if not self._post(body):
                 return False
             self._commit(body, states, console_end, scalars_end)
+        return True
 
     def _next_body(self, final: bool) -> tuple[dict, int, int, int]:
         """The next report, how many state changes it stands for, and where the console and
@@ -93,13 +103,18 @@ class Reporter:
             if states:
                 body["state"] = self._states[-1]
             exit_result = self._exit
-        text, console_end = read_console(self.console_path, self.console_offset, final)
+        scalars: list[dict] = []
+        if self._bounded:  # the files are the truth; the server keeps no more of them
+            text, console_end = "", self.console_offset
+            scalars_end = self.scalars_offset
+        else:
+            text, console_end = read_console(self.console_path, self.console_offset, final)
+            scalars, scalars_end = read_scalars(self.scalars_path, self.scalars_offset)
         if text:
             body["console"] = {"offset": self.console_offset, "text": text}
-        scalars, scalars_end = read_scalars(self.scalars_path, self.scalars_offset)
         if scalars:
             body["scalars"] = scalars
-        caught_up = console_end == _size(self.console_path)
+        caught_up = self._bounded or console_end == _size(self.console_path)
         if final and exit_result is not None and caught_up:
             body["exit"] = exit_result
         return body, states, console_end, scalars_end
@@ -118,6 +133,11 @@ class Reporter:
             status = post(self.endpoint, json.dumps(body).encode("utf-8"), headers, TIMEOUT_S)
         except (OSError, ValueError):
             return False
+        if status in REFUSED:
+            self._over = True
+        elif status == PAST_BOUND and not self._bounded:
+            self._bounded = True
+            return self._post({k: v for k, v in body.items() if k not in ("console", "scalars")})
         return 200 <= status < 300
 
 

@@ -2,10 +2,15 @@
 need no inbound port), carrying the route's HTTP requests and WebSocket streams to the app on
 127.0.0.1:PORT of the node (framing in inside_job/frames.py).
 
-One thread reads the tunnel; each stream runs in its own thread. The tunnel says READY once the
-app answers its ready path, and connects again (backing off) when the connection drops, until
-the app ends. Every request to the app carries the app's upstream headers (its per-run secret):
-the app refuses anyone else on the node.
+One thread reads the tunnel; each stream runs in its own thread. The tunnel says READY (with the
+framing's version) once the app answers its ready path, and connects again (backing off) when
+the connection drops, until the app ends. Every request to the app carries the app's upstream
+headers (its per-run secret): the app refuses anyone else on the node.
+
+Each stream keeps to its window (frames.SendWindow): its thread reads the app's socket only when
+the server has granted credit, so a caller that reads slowly slows the app down through TCP,
+and nothing piles up here or on the server. What the server sends is granted back once written
+to the app.
 """
 
 from __future__ import annotations
@@ -61,7 +66,7 @@ class Tunnel:
         self._connect = connect
         self._stop = threading.Event()
         self._ws: Optional[wsclient.WebSocket] = None
-        self._streams: Dict[int, queue.Queue] = {}
+        self._streams: Dict[int, _Stream] = {}
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._loop, name="klique-tunnel", daemon=True)
         self.ready = threading.Event()
@@ -120,7 +125,7 @@ class Tunnel:
 
     def _serve(self, ws: wsclient.WebSocket) -> None:
         if self._probe():
-            ws.send_binary(frames.encode(0, frames.READY))
+            ws.send_binary(frames.encode_json(0, frames.READY, {"version": frames.VERSION}))
             if not self.ready.is_set():
                 self._say("route tunnel: the app answers; its route is open")
             self.ready.set()
@@ -151,13 +156,13 @@ class Tunnel:
 
     def _dispatch(self, ws: wsclient.WebSocket, stream: int, kind: int, payload: bytes) -> None:
         if kind in (frames.REQUEST, frames.WS_OPEN):
-            inbox: queue.Queue = queue.Queue()
+            opened = _Stream(stream)
             with self._lock:
-                self._streams[stream] = inbox
+                self._streams[stream] = opened
             target = _http_stream if kind == frames.REQUEST else _ws_stream
             worker = threading.Thread(
                 target=self._run_stream,
-                args=(target, ws, stream, payload, inbox),
+                args=(target, ws, opened, payload),
                 name=f"klique-stream-{stream}",
                 daemon=True,
             )
@@ -165,23 +170,100 @@ class Tunnel:
             return
         with self._lock:
             found = self._streams.get(stream)
-        if found is not None:
-            found.put((kind, payload))
+        if found is None:
+            return
+        problem = found.hold(kind, payload)
+        if problem:
+            _send_close(ws, stream, 1008, problem)
 
-    def _run_stream(self, target, ws, stream, payload, inbox) -> None:
+    def _run_stream(self, target, ws, stream, payload) -> None:
         try:
-            target(ws, stream, payload, inbox, self.port, self.upstream)
+            target(ws, stream, payload, self.port, self.upstream)
         except Exception as exc:  # one stream's failure never ends the tunnel
-            _send_close(ws, stream, 1011, str(exc)[:200])
+            _send_close(ws, stream.id, 1011, str(exc)[:200])
         finally:
+            stream.end()
             with self._lock:
-                self._streams.pop(stream, None)
+                self._streams.pop(stream.id, None)
 
     def _fail_streams(self) -> None:
         with self._lock:
-            inboxes = list(self._streams.values())
-        for inbox in inboxes:
-            inbox.put((frames.CLOSE, b'{"code": 1001, "reason": "the tunnel dropped"}'))
+            streams = list(self._streams.values())
+        for stream in streams:
+            stream.end(b'{"code": 1001, "reason": "the tunnel dropped"}')
+
+
+class _Stream:
+    """One stream on the runner's side: the server's frames for its thread (at most a window of
+    data), and its credit for sending the app's data to the server."""
+
+    def __init__(self, stream: int) -> None:
+        self.id = stream
+        self.inbox: queue.Queue = queue.Queue()
+        self.received = frames.ReceiveWindow()
+        self.sending = frames.SendWindow()
+        self.closed = False
+        self._changed = threading.Condition()
+
+    def hold(self, kind: int, payload: bytes) -> str:
+        """Take a frame from the tunnel's reader, never waiting; why the stream must close
+        instead ("" when it need not)."""
+        with self._changed:
+            if self.closed:
+                return ""
+            if kind == frames.WINDOW:
+                try:
+                    self.sending.grant(frames.window_increment(payload))
+                except ValueError as exc:
+                    problem = str(exc)
+                else:
+                    self._changed.notify_all()
+                    return ""
+            elif kind in frames.DATA and not self.received.receive(
+                len(payload), message=kind != frames.BODY
+            ):
+                problem = "the server sent past the stream's window"
+            else:
+                self.inbox.put((kind, payload))
+                if kind == frames.CLOSE:
+                    self.closed = True
+                    self._changed.notify_all()
+                return ""
+        self.end(json.dumps({"code": 1008, "reason": problem}).encode())
+        return problem
+
+    def end(self, why: Optional[bytes] = None) -> None:
+        """No more frames; `why` (a CLOSE payload) tells the stream's thread so."""
+        with self._changed:
+            if why is not None and not self.closed:
+                self.inbox.put((frames.CLOSE, why))
+            self.closed = True
+            self._changed.notify_all()
+
+    def room(self, most: int) -> int:
+        """Wait until some of the window is free: how many bytes may be read from the app
+        now (at most `most`); 0 when the stream is over."""
+        with self._changed:
+            while not self.closed and not self.sending.room():
+                self._changed.wait()
+            return 0 if self.closed else min(most, self.sending.room())
+
+    def spend(self, n: int) -> bool:
+        """Wait until a message of n bytes may go, and count it; False when the stream is over."""
+        with self._changed:
+            while not self.closed and not self.sending.allows(n):
+                self._changed.wait()
+            if self.closed:
+                return False
+            self.sending.spend(n)
+            return True
+
+    def passed_on(self, ws: wsclient.WebSocket, n: int) -> None:
+        """n bytes from the server reached the app: grant them back."""
+        with self._changed:
+            grant = self.received.passed_on(n)
+        if grant:
+            _send(ws, frames.encode_window(self.id, grant))
 
 
 def _send(ws: wsclient.WebSocket, frame: bytes) -> None:
@@ -204,34 +286,54 @@ def _headers(doc: dict, upstream: List[Tuple[str, str]]) -> List[Tuple[str, str]
     return kept + upstream
 
 
-def _http_stream(ws, stream, payload, inbox, port, upstream) -> None:
+def _http_stream(ws, stream, payload, port, upstream) -> None:
+    """The request to the app as its body streams in (chunked when its length is not known),
+    then the app's answer, read as the server grants credit."""
     doc = frames.payload_json(payload)
-    body = bytearray()
-    while True:
-        kind, data = inbox.get()
-        if kind == frames.BODY:
-            body += data
-        elif kind == frames.END:
-            break
-        elif kind == frames.CLOSE:
-            return
+    length = doc.get("length")
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=3600)
     try:
         connection.putrequest(str(doc["method"]), str(doc["target"]), skip_accept_encoding=True)
         for name, value in _headers(doc, upstream):
             connection.putheader(name, value)
-        connection.putheader("Content-Length", str(len(body)))
-        connection.endheaders(bytes(body))
+        if isinstance(length, int):
+            connection.putheader("Content-Length", str(length))
+        else:
+            connection.putheader("Transfer-Encoding", "chunked")
+        connection.endheaders()
+        if not _send_body(ws, stream, connection, chunked=not isinstance(length, int)):
+            return
         response = connection.getresponse()
-        _send(ws, frames.encode_json(stream, frames.RESPONSE, _response_head(response)))
+        _send(ws, frames.encode_json(stream.id, frames.RESPONSE, _response_head(response)))
         while True:
-            chunk = response.read1(CHUNK)
+            room = stream.room(CHUNK)
+            if not room:
+                return  # the server closed the stream (its caller went away)
+            chunk = response.read1(room)
             if not chunk:
                 break
-            _send(ws, frames.encode(stream, frames.BODY, chunk))
-        _send(ws, frames.encode(stream, frames.END))
+            stream.spend(len(chunk))
+            _send(ws, frames.encode(stream.id, frames.BODY, chunk))
+        _send(ws, frames.encode(stream.id, frames.END))
     finally:
         connection.close()
+
+
+def _send_body(ws, stream, connection: http.client.HTTPConnection, chunked: bool) -> bool:
+    """The server's BODY pieces to the app, each granted back once written; False when the
+    stream closed before END."""
+    while True:
+        kind, data = stream.inbox.get()
+        if kind == frames.BODY:
+            if data:
+                connection.send(b"%x\r\n%s\r\n" % (len(data), data) if chunked else data)
+            stream.passed_on(ws, len(data))
+        elif kind == frames.END:
+            if chunked:
+                connection.send(b"0\r\n\r\n")
+            return True
+        elif kind == frames.CLOSE:
+            return False
 
 
 def _response_head(response: http.client.HTTPResponse) -> dict:
@@ -244,7 +346,7 @@ def _response_head(response: http.client.HTTPResponse) -> dict:
     return {"status": response.status, "headers": headers}
 
 
-def _ws_stream(ws, stream, payload, inbox, port, upstream) -> None:
+def _ws_stream(ws, stream, payload, port, upstream) -> None:
     doc = frames.payload_json(payload)
     try:
         local = wsclient.WebSocket.connect(
@@ -253,27 +355,31 @@ def _ws_stream(ws, stream, payload, inbox, port, upstream) -> None:
             [str(p) for p in doc.get("subprotocols") or []],
         )
     except OSError as exc:
-        _send_close(ws, stream, 1011, f"the app refused the WebSocket: {exc}")
+        _send_close(ws, stream.id, 1011, f"the app refused the WebSocket: {exc}")
         return
-    _send(ws, frames.encode_json(stream, frames.WS_ACCEPTED, {"subprotocol": local.subprotocol}))
-    pump = threading.Thread(target=_from_server, args=(local, inbox), daemon=True)
+    accepted = {"subprotocol": local.subprotocol}
+    _send(ws, frames.encode_json(stream.id, frames.WS_ACCEPTED, accepted))
+    pump = threading.Thread(target=_from_server, args=(ws, local, stream), daemon=True)
     pump.start()
     try:
         while True:
-            opcode, data = local.recv()
+            opcode, data = local.recv()  # the next only once this one had credit
             kind = frames.WS_TEXT if opcode == wsclient.TEXT else frames.WS_BINARY
-            _send(ws, frames.encode(stream, kind, data))
+            if not stream.spend(len(data)):
+                return
+            _send(ws, frames.encode(stream.id, kind, data))
     except wsclient.Closed as exc:
-        _send_close(ws, stream, exc.code if exc.code not in (1005, 1006) else 1000, exc.reason)
+        code = exc.code if exc.code not in (1005, 1006) else 1000
+        _send_close(ws, stream.id, code, exc.reason)
     finally:
-        inbox.put((frames.CLOSE, b"{}"))
+        stream.end(b"{}")
         local.close()
 
 
-def _from_server(local: wsclient.WebSocket, inbox: queue.Queue) -> None:
+def _from_server(ws: wsclient.WebSocket, local: wsclient.WebSocket, stream: _Stream) -> None:
     """The server's messages on this stream, to the app, until either side closes."""
     while True:
-        kind, data = inbox.get()
+        kind, data = stream.inbox.get()
         try:
             if kind == frames.WS_TEXT:
                 local.send(wsclient.TEXT, data)
@@ -283,6 +389,8 @@ def _from_server(local: wsclient.WebSocket, inbox: queue.Queue) -> None:
                 code = _close_code(data)
                 local.close(code)
                 return
+            if kind in frames.DATA:
+                stream.passed_on(ws, len(data))
         except OSError:
             return
 

@@ -10,22 +10,42 @@ from typing import Any
 from conftest import TASK_PY, Server, wait_for
 
 # An HTTP app: answers every request with its instance's name, the path and the headers it
-# received, as JSON; `/set-cookie` also tries to set Klique's own cookies (the route's, and a
-# browser session's with its CSRF token).
-ECHO = """
+# received, as JSON; `/set-cookie` also sends what an app may not: Klique's own cookies (the
+# route's, a browser session's, its old CSRF cookie) under their names and in disguise (nameless,
+# another case, a prefix), cookies for a wider domain or path, Clear-Site-Data, and two cookies
+# an app may set (no path; a path inside its route, which X-Forwarded-Prefix names). `/page` is
+# an HTML page (for a browser: its scripts run on the route's origin).
+PLANTED = [
+    "klique_route=planted; Path=/",
+    "klique_session=planted; Path=/",
+    "klique_csrf=planted; Path=/",
+    "=klique_session=nameless; Path=/",
+    "KLIQUE_SESSION=upper",
+    "__Host-klique_session=prefixed; Path=/; Secure",
+    "wide=1; Path=/",
+    "dom=1; Domain=127.0.0.1",
+    "climb=1; Path=/routes/other/",
+]
+ECHO = f"""
 import http.server, json, sys
+PLANTED = {PLANTED!r}
 port, name = int(sys.argv[1]), sys.argv[2]
 class Echo(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
-        body = json.dumps({"name": name, "path": self.path,
-                           "headers": {k.lower(): v for k, v in self.headers.items()}}).encode()
+        body = json.dumps({{"name": name, "path": self.path,
+                           "headers": {{k.lower(): v for k, v in self.headers.items()}}}}).encode()
         self.send_response(200)
         if self.path.endswith("/set-cookie"):
-            self.send_header("Set-Cookie", "klique_route=planted; Path=/")
-            self.send_header("Set-Cookie", "klique_session=planted; Path=/")
-            self.send_header("Set-Cookie", "klique_csrf=planted; Path=/")
-            self.send_header("Set-Cookie", "app_cookie=fine; Path=/")
-        self.send_header("Content-Type", "application/json")
+            prefix = self.headers.get("X-Forwarded-Prefix", "")
+            for cookie in PLANTED + ["app_cookie=fine", "app_path=1; Path=" + prefix + "/"]:
+                self.send_header("Set-Cookie", cookie)
+            self.send_header("Clear-Site-Data", '"cookies", "storage"')
+            self.send_header("X-Klique-User", "admin")
+        if self.path.endswith("/page"):  # a page for a browser, whose scripts run as the app's
+            body = b"<!doctype html><title>app</title><p>" + name.encode() + b"</p>"
+            self.send_header("Content-Type", "text/html")
+        else:
+            self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
@@ -78,8 +98,9 @@ def stop(server: Server, token: str, task_id: int) -> dict[str, Any]:
 
 
 @contextmanager
-def chromium() -> Iterator[Any]:
-    """Debian's headless Chromium through its chromedriver (packages chromium, chromium-driver)."""
+def chromium(*flags: str) -> Iterator[Any]:
+    """Debian's headless Chromium through its chromedriver (packages chromium, chromium-driver),
+    with `flags` added (`--host-resolver-rules=...` for a wildcard domain without DNS)."""
     from selenium import webdriver
     from selenium.webdriver.chrome.options import Options
     from selenium.webdriver.chrome.service import Service
@@ -93,6 +114,7 @@ def chromium() -> Iterator[Any]:
         "--disable-background-networking",
         "--disable-dev-shm-usage",
         "--window-size=1280,900",
+        *flags,
     ):
         options.add_argument(flag)
     driver = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)

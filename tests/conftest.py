@@ -11,7 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -211,6 +211,7 @@ class Server:
     token: str
     process: subprocess.Popen[bytes]
     job_root: Path | None = None  # the shared job root made for `$JOB_ROOT` in its estate
+    routes_url: str = ""  # the routes' own origin (the routes listener)
 
     def env(self, token: str | None = None) -> dict[str, str]:
         return {
@@ -269,23 +270,30 @@ class Server:
 
 
 def start_server(
-    home: Path, estate: Path | None, extra_env: dict[str, str] | None = None
+    home: Path,
+    estate: Path | None,
+    extra_env: dict[str, str] | None = None,
+    extra_args: list[str] | None = None,
 ) -> Server:
     """A server on a free port, once it answers as itself: a free port can be taken by another
     test's server before this one binds it; then this one exits, and starts on another."""
     home.mkdir(parents=True, exist_ok=True)
     for _attempt in range(3):
-        started = _start_server(home, estate, extra_env)
+        started = _start_server(home, estate, extra_env, extra_args)
         if started is not None:
             return started
     raise AssertionError(f"no free port for the server: {(home / 'server.log').read_text()}")
 
 
 def _start_server(
-    home: Path, estate: Path | None, extra_env: dict[str, str] | None
+    home: Path,
+    estate: Path | None,
+    extra_env: dict[str, str] | None,
+    extra_args: list[str] | None = None,
 ) -> Server | None:
-    port = free_port()
+    port, routes_port = free_port(), free_port()
     args = [sys.executable, "-m", "broker", "server", "--port", str(port)]
+    args += ["--routes-port", str(routes_port), *(extra_args or [])]
     if estate is not None:
         args += ["--estate", str(estate)]
     env = {**os.environ, "KLIQUE_HOME": str(home), **(extra_env or {})}
@@ -315,7 +323,8 @@ def _start_server(
         if "address already in use" in said.lower():
             return None
         raise AssertionError(f"server exited: {said}")
-    return Server(url, home, token_file.read_text().strip(), process)
+    routes_url = f"http://127.0.0.1:{routes_port}"
+    return Server(url, home, token_file.read_text().strip(), process, routes_url=routes_url)
 
 
 def stop_server(server: Server) -> None:
@@ -350,7 +359,9 @@ def _servers(folder: Path) -> Iterator[Callable[..., Server]]:
     started: list[Server] = []
     roots: list[Path] = []
 
-    def make(estate_text: str | None = None, **extra_env: str) -> Server:
+    def make(
+        estate_text: str | None = None, server_args: Sequence[str] = (), **extra_env: str
+    ) -> Server:
         home = folder / f"home{len(started)}"
         estate = job_root = None
         if estate_text is not None:
@@ -360,7 +371,7 @@ def _servers(folder: Path) -> Iterator[Callable[..., Server]]:
                 estate_text = estate_text.replace("$JOB_ROOT", str(job_root))
             estate = folder / f"estate{len(started)}.yaml"
             estate.write_text(estate_text)
-        server = start_server(home, estate, extra_env)
+        server = start_server(home, estate, extra_env, list(server_args))
         server.job_root = job_root
         started.append(server)
         return server

@@ -204,6 +204,14 @@ def browser_login(
     return browser
 
 
+def page_csrf(browser: httpx.Client, server_url: str) -> str:
+    """The session's CSRF token, as the web UI's pages carry it (no cookie holds it)."""
+    page = browser.get(f"{server_url}/tasks").text
+    found = re.search(r'name="csrf" value="([^"]+)"', page)
+    assert found, page[:500]
+    return found[1]
+
+
 LDAP_DIR = Path(os.environ.get("KLIQUE_LDAP_DIR", "/tmp/klique-ldap"))
 SUFFIX = "dc=klique,dc=test"
 

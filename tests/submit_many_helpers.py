@@ -34,10 +34,11 @@ def sbatch_itself(*args: str) -> str:
     return done.stdout + done.stderr
 
 
-def run_scenario(transport: Transport) -> dict[str, Any]:
-    """Six job folders in one call as alice, in a job root where bob made a folder and a link
-    under two of the names first. Returns what a caller sees, and what is on disk."""
-    root = open_folder(Path(f"/tmp/klique-many-{uuid.uuid4().hex[:8]}"))
+def run_scenario(transport: Transport, parent: Path = Path("/tmp")) -> dict[str, Any]:
+    """Six job folders in one call as alice, in a job root (made in `parent`) where bob made a
+    folder and a link under two of the names first. Returns what a caller sees, and what is on
+    disk."""
+    root = open_folder(parent / f"klique-many-{uuid.uuid4().hex[:8]}")
     try:
         as_bob("mkdir", "-m", "777", f"{root}/{NAMES['taken']}")
         as_bob("ln", "-s", "/etc", f"{root}/{NAMES['linked']}")

@@ -1,25 +1,27 @@
 """The agent API: what `klique agent --pool NAME` on a login node reads and reports. An agent
-token acts only for the pools it names, and only on those pools' tasks; every report goes
-through the same StoreLink (and so the same state machine) as an agent inside the server."""
+token (broker/api/agent_tokens.py: it expires, and can be revoked) acts only for the pools it
+names, and only on those pools' tasks; every report goes through the same StoreLink (and so
+the same state machine) as an agent inside the server."""
 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import itertools
 import time
 from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, Header, HTTPException
+from fastapi import APIRouter, Depends, HTTPException
 from fastapi import Path as PathParam
 from pydantic import BaseModel, Field
 
-from broker.api.auth import bearer
+from broker.agent_estate import agent_estate
+from broker.api.agent_tokens import agent_pools_of, token_router
+from broker.authz import check_agent_pool
 from broker.domain import Task, TaskState
-from broker.errors import NotFound, NotPermitted
+from broker.errors import NotFound
 from broker.names import LINE, NAME
-from broker.scheduler.link import Accepted, Attempt
+from broker.scheduler.link import Accepted, Attempt, Begun
 from broker.scheduler.loop import Scheduler
 from broker.scheduler.wire import (
     observation_from_json,
@@ -34,8 +36,15 @@ Native = Annotated[str, Field(max_length=200, pattern=LINE)]
 Folder = Annotated[str, Field(max_length=4096, pattern=r"^/[^\x00-\x1f\x7f]*$")]
 
 
-class AgentTokenRequest(BaseModel):
-    pools: list[Annotated[str, Field(pattern=NAME)]] = Field(min_length=1, max_length=100)
+AGENT_CHOSEN_DIGEST = (
+    "begin takes no digest: the control plane makes each attempt's report token and returns "
+    "it in begin's result (`report_token`); upgrade `klique agent` to this server's version"
+)
+
+
+def begun_to_json(begun: Begun) -> dict[str, Any]:
+    """A begun attempt as begin answers it: the task, and the report token made for it."""
+    return {**task_to_json(begun.task), "report_token": begun.token}
 
 
 class ObservationIn(BaseModel):
@@ -68,7 +77,8 @@ class AgentCall(BaseModel):
     op: Literal["begin", "submitted", "observed", "requeue", "refused", "cancelled", "published"]
     task_id: TaskId | None = None
     job_dir: Folder | None = None
-    digest: str | None = Field(None, pattern=r"^[0-9a-f]{64}$")
+    # Refused when set: the control plane makes each attempt's report token (begin's result).
+    digest: str | None = Field(None, max_length=200)
     native_id: Native | None = None
     observation: ObservationIn | None = None
     reason: Reason = ""
@@ -87,44 +97,21 @@ def agent_router(scheduler: Scheduler, admin_only: Callable[..., Any]) -> APIRou
     store = scheduler.store
     link = scheduler.link
 
-    def agent_pools(authorization: Annotated[str | None, Header()] = None) -> list[str]:
-        token = bearer(authorization)
-        pools = store.pools_for_agent_token(token) if token else None
-        if pools is None:
-            raise HTTPException(401, "missing or unknown agent token")
-        return pools
+    agent_pools = agent_pools_of(scheduler)
+    router.include_router(token_router(scheduler, admin_only))
 
     def may_serve(pool: str, pools: list[str]) -> None:
-        if not any(hmac.compare_digest(pool, p) for p in pools):
-            raise NotPermitted(f"this agent token does not serve pool {pool!r}")
-        if pool not in scheduler.remote:
-            raise NotPermitted(
-                f"pool {pool!r} is served inside the server; declare `agent: remote` in the "
-                "estate to serve it with `klique agent`"
-            )
-
-    @router.post("/agent-tokens", status_code=201)
-    def create_agent_token(
-        body: AgentTokenRequest,
-        _admin: Any = Depends(admin_only),  # noqa: B008
-    ) -> dict[str, Any]:
-        unknown = [p for p in body.pools if p not in scheduler.remote]
-        if unknown:
-            raise NotFound(
-                f"no remote pool {', '.join(unknown)}; an agent token serves pools declared with "
-                "`agent: remote` in the estate"
-            )
-        return {"pools": body.pools, "token": store.add_agent_token(body.pools)}
+        check_agent_pool(pools, pool, scheduler.remote)
 
     @router.get("/agent/pools/{pool}")
     def pool_estate(
         pool: PoolName,
         pools: list[str] = Depends(agent_pools),  # noqa: B008
     ) -> dict[str, str]:
-        """The estate the agent builds its driver from, and the pool's interval."""
+        """The estate the agent builds its driver from: its pool's alone (broker/agent_estate.py),
+        nothing of other pools, teams, policies or identity settings."""
         may_serve(pool, pools)
-        estate = scheduler.estate
-        return {"pool": pool, "estate": estate.text, "source": estate.source}
+        return {"pool": pool, "estate": agent_estate(scheduler.estate, pool)}
 
     @router.get("/agent/pools/{pool}/tasks")
     def pool_tasks(
@@ -178,10 +165,12 @@ def agent_router(scheduler: Scheduler, admin_only: Callable[..., Any]) -> APIRou
                 [(t, observation_from_json(s)) for t, s in zip(tasks, seen, strict=True)]
             )
             return [None] * len(calls)
-        if any(call.job_dir is None or call.digest is None for call in calls):
-            raise HTTPException(422, "begin needs job_dir and digest")
-        attempts = [Attempt(t, str(c.job_dir), str(c.digest)) for t, c in pairs]
-        return [None if t is None else task_to_json(t) for t in await link.begin(attempts)]
+        if any(call.digest is not None for call in calls):
+            raise HTTPException(422, AGENT_CHOSEN_DIGEST)
+        if any(call.job_dir is None for call in calls):
+            raise HTTPException(422, "begin needs job_dir")
+        attempts = [Attempt(t, str(c.job_dir)) for t, c in pairs]
+        return [None if b is None else begun_to_json(b) for b in await link.begin(attempts)]
 
     async def _apply(pool: str, call: AgentCall) -> Any:
         if call.op == "published":

@@ -10,6 +10,7 @@ from fastapi import Path as PathParam
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
+from broker import authz
 from broker.api import artifacts, sdk, sweeps
 from broker.api.agents import agent_router
 from broker.api.auth import Auth, Caller, bearer, owned_task, reporting_task
@@ -32,6 +33,8 @@ from broker.api.schemas import (
     WhyOut,
 )
 from broker.artifacts import ArtifactStore
+from broker.authz import Action, report_refusal
+from broker.bounds import report_problem
 from broker.domain import Task, TaskState
 from broker.errors import KliqueError, NotFound, NotPermitted
 from broker.estate import parse_estate
@@ -95,14 +98,13 @@ def create_app(scheduler: Scheduler, lifespan: Any = None) -> FastAPI:
     app.include_router(identity_router(identities, API))
 
     def admin(who: Auth) -> Caller:
-        if not who.admin:
-            raise NotPermitted("only an admin token can do this; ask the platform team")
+        authz.check_admin(who, "do this")
         return who
 
     app.include_router(agent_router(scheduler, admin))
 
-    def own_task(task_id: int, who: Caller) -> Task:
-        return owned_task(scheduler.store, task_id, who)
+    def own_task(task_id: int, who: Caller, action: Action = Action.READ_TASK) -> Task:
+        return owned_task(scheduler.store, task_id, who, action)
 
     @app.get(f"{API}/health")
     def health() -> dict[str, Any]:
@@ -137,7 +139,7 @@ def create_app(scheduler: Scheduler, lifespan: Any = None) -> FastAPI:
         before: Annotated[int | None, Query(ge=1, lt=2**63)] = None,
     ) -> list[TaskOut]:
         """The newest tasks first, a page at a time: pass the last id seen as `before`."""
-        owner = None if (all_users and who.admin) else who.user
+        owner = authz.owner_filter(who, None if all_users else who.user)
         tasks = scheduler.store.tasks(
             owner=owner,
             states=_states(state),
@@ -171,7 +173,7 @@ def create_app(scheduler: Scheduler, lifespan: Any = None) -> FastAPI:
 
     @app.post(f"{API}/tasks/{{task_id}}/cancel")
     async def cancel(task_id: TaskId, who: Auth) -> TaskOut:
-        task = await asyncio.to_thread(own_task, task_id, who)
+        task = await asyncio.to_thread(own_task, task_id, who, Action.CANCEL)
         if not task.state.final:
             task = await scheduler.cancel(task)
             await sdk.cancel_steps(scheduler, task.id)
@@ -185,8 +187,12 @@ def create_app(scheduler: Scheduler, lifespan: Any = None) -> FastAPI:
         task becomes final only when its pool sees the job gone (see SECURITY.md)."""
         store = scheduler.store
         task = reporting_task(store, task_id, bearer(authorization))
-        if task is None:
+        if task is None:  # a wrong token, or a superseded attempt's: the attempt is over
             raise HTTPException(401, "not a valid report token for this task")
+        refusal = report_refusal(task)
+        if refusal:
+            raise HTTPException(409, refusal)
+        _check_report_bounds(task, body, scheduler)
         if body.console is not None:
             _save_console(task, scheduler, body.console.offset, body.console.text)
         if body.scalars:
@@ -238,9 +244,11 @@ def create_app(scheduler: Scheduler, lifespan: Any = None) -> FastAPI:
     app.include_router(apps_router, prefix=API)
     mount_routes(app)
 
-    from broker.web.ui import web_router  # the web UI uses this module's helpers below
+    from broker.web.errors import install_error_pages
+    from broker.web.ui import Web, web_router  # the web UI uses this module's helpers below
 
     app.include_router(web_router(scheduler))
+    install_error_pages(app, Web(scheduler))
     return app
 
 
@@ -255,6 +263,7 @@ def why_out(scheduler: Scheduler, task: Task) -> WhyOut:
             sentence="",
             detail=task.reason or f"the task is {task.state.value}",
             pools={},
+            reason=task.reason,
         )
     return WhyOut(
         id=task.id,
@@ -264,6 +273,7 @@ def why_out(scheduler: Scheduler, task: Task) -> WhyOut:
         sentence=reason.primary.sentence,
         detail=reason.detail,
         pools=dict(reason.pools),
+        reason=reason.text,
     )
 
 
@@ -273,7 +283,7 @@ def usage_out(scheduler: Scheduler, who: Caller, by: UsageKey, since: float | No
     runs = [
         Run(r.owner, r.team, r.project, r.resource, r.pool, r.gpus, r.start, r.end)
         for r in scheduler.store.ledger(since=since)
-        if who.admin or r.owner == who.user
+        if authz.sees_owner(who, r.owner)
     ]
     return UsageOut(
         by=by,
@@ -296,10 +306,7 @@ def usage_out(scheduler: Scheduler, who: Caller, by: UsageKey, since: float | No
 
 def simulation_out(scheduler: Scheduler, body: SimulateRequest, who: Caller) -> SimulationOut:
     """One placement cycle of the current queue under a changed estate; changes nothing."""
-    if not who.admin:
-        raise NotPermitted(
-            "only an admin token can simulate a changed estate; ask the platform team"
-        )
+    authz.check_admin(who, "simulate a changed estate")
     estate = parse_estate(body.estate, body.source)
     now = time.time()
     store = scheduler.store
@@ -322,7 +329,7 @@ def _task_out(task: Task, scheduler: Scheduler, detail: bool = False) -> TaskOut
     out = TaskOut.of(task)
     waiting = scheduler.pending.get(task.id)
     if waiting is not None and task.state is TaskState.QUEUED:
-        out.reason = f"{waiting.primary.sentence}: {waiting.detail}"
+        out.reason = waiting.text
     if detail:
         out.events = scheduler.store.events(task.id)
         out.scalars = scheduler.store.scalars(task.id)
@@ -379,6 +386,17 @@ async def _read_console(task: Task, scheduler: Scheduler, offset: int, rank: int
             return f.read(_LOG_CHUNK)
     except OSError:
         return b""
+
+
+def _check_report_bounds(task: Task, body: Report, scheduler: Scheduler) -> None:
+    """413, naming the estate's limit, for a report that would pass one of the task's bounds."""
+    console = body.console
+    console_end = None if console is None else console.offset + len(console.text.encode())
+    adding = len(body.scalars or [])
+    kept = scheduler.store.scalar_count(task.id) if adding else 0
+    problem = report_problem(scheduler.estate.limits, task.id, console_end, kept, adding)
+    if problem:
+        raise HTTPException(413, problem)
 
 
 def _save_console(task: Task, scheduler: Scheduler, offset: int, text: str) -> None:

@@ -4,18 +4,21 @@ Every launch goes through broker/apps/launch.py and the common create path."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Request
 from fastapi import Path as PathParam
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from broker import authz
 from broker.api.auth import Auth, Caller, scheduler_of
 from broker.api.create import check_task, new_task
 from broker.apps import launch
 from broker.apps.catalogue import App, load_catalogue
+from broker.authz import Action
 from broker.domain import StaticRoute, Task, TaskSpec
-from broker.errors import NotFound, NotPermitted
+from broker.errors import KliqueError, NotFound, NotPermitted
 from broker.names import LINE, NAME, PROJECT
 from broker.scheduler.loop import Scheduler
 from broker.store.apps import AppStore
@@ -126,15 +129,10 @@ def the_app(scheduler: Scheduler, name: str) -> App:
     return apps[name]
 
 
-def _admin(who: Caller, what: str) -> None:
-    if not who.admin:
-        raise NotPermitted(f"only an admin token can {what}; ask the platform team")
-
-
-def instance_out(task: Task, request: Request) -> InstanceOut:
+def launch_form_of(task: Task) -> launch.LaunchForm:
+    """The form an app task was launched with, as `klique app export` writes it."""
     app = task.spec.app or {}
-    hub = request.app.state.route_hub
-    form = launch.LaunchForm(
+    return launch.LaunchForm(
         app=str(app.get("name")),
         resource=task.spec.resource,
         params=dict(app.get("params") or {}),
@@ -144,6 +142,12 @@ def instance_out(task: Task, request: Request) -> InstanceOut:
         teams=tuple(app.get("teams") or ()),
         walltime_s=app.get("walltime_s"),
     )
+
+
+def instance_out(task: Task, request: Request) -> InstanceOut:
+    app = task.spec.app or {}
+    hub = request.app.state.route_hub
+    form = launch_form_of(task)
     route = str(app.get("route"))
     return InstanceOut(
         id=task.id,
@@ -194,7 +198,7 @@ def list_instances(
 ) -> list[InstanceOut]:
     """Your apps (everyone's with all_users, for admins); those not yet ended unless `ended`."""
     scheduler = scheduler_of(request)
-    owner = None if (all_users and who.admin) else who.user
+    owner = authz.owner_filter(who, None if all_users else who.user)
     states = None if ended else launch.COUNTED
     tasks = scheduler.store.tasks(owner=owner, states=states, newest_first=True, with_diff=False)
     return [instance_out(t, request) for t in tasks if t.spec.kind == launch.APPLICATION][:1000]
@@ -202,7 +206,7 @@ def list_instances(
 
 @router.get("/apps/instances/{task_id}")
 def show_instance(task_id: InstanceId, request: Request, who: Auth) -> InstanceOut:
-    return instance_out(_own_instance(request, task_id, who), request)
+    return instance_out(_own_instance(request, task_id, who, Action.READ_TASK), request)
 
 
 @router.post("/apps/instances/{task_id}/stop")
@@ -210,17 +214,23 @@ async def stop_instance(task_id: InstanceId, request: Request, who: Auth) -> Ins
     """Stop a running app: its route takes no new request, those in flight finish (up to a
     few seconds), then the task is cancelled and its compute resource freed."""
     scheduler = scheduler_of(request)
-    task = _own_instance(request, task_id, who)
+    task = _own_instance(request, task_id, who, Action.CANCEL)
     if not task.state.final:
         await request.app.state.route_hub.drain(task.id)
         task = await scheduler.cancel(task)
     return instance_out(task, request)
 
 
-def _own_instance(request: Request, task_id: int, who: Caller) -> Task:
-    task = scheduler_of(request).store.get(task_id)
-    if (task.owner != who.user and not who.admin) or task.spec.kind != launch.APPLICATION:
-        raise NotFound(f"no app {task_id} of yours; `klique app ls` lists your apps")
+def _own_instance(request: Request, task_id: int, who: Caller, action: Action) -> Task:
+    """An app task, if authz lets the caller do `action` to it: NotFound alike for a task that
+    is not theirs and one that is no app."""
+    absent = NotFound(f"no app {task_id} of yours; `klique app ls` lists your apps")
+    try:
+        task = authz.find_task(scheduler_of(request).store.get, who, action, task_id)
+    except NotFound:
+        raise absent from None
+    if task.spec.kind != launch.APPLICATION:
+        raise absent
     return task
 
 
@@ -235,13 +245,9 @@ def launch_app(name: AppName, body: LaunchRequest, request: Request, who: Auth) 
     """Launch an app as a task of kind application; refused, with the rule and the fix, when
     the app is locked or a running-app quota is full."""
     scheduler = scheduler_of(request)
-    app = the_app(scheduler, name)
-    launch.check_lock(app, AppStore(scheduler.store).locks())
-    resource = body.resource or scheduler.estate.default_resource or ""
-    launch.check_resource(app, resource)
     form = launch.LaunchForm(
         app=name,
-        resource=resource,
+        resource=body.resource,
         params=dict(body.params),
         name=body.name,
         project=body.project,
@@ -249,16 +255,27 @@ def launch_app(name: AppName, body: LaunchRequest, request: Request, who: Auth) 
         teams=tuple(body.teams),
         walltime_s=body.walltime_s,
     )
-    team = who.team
-    if body.route is not None:
-        route = static_routes(scheduler).get(body.route)
-        launch.check_route(app, route, body.route, who.user, team, who.admin)
-    elif body.teams and app.kind != "endpoint":
-        raise HTTPException(400, f"app {name} is a session, open to its owner only: drop teams")
+    task = launch_task(scheduler, who, form, request.app.state.route_hub)
+    return instance_out(task, request)
+
+
+def launch_task(scheduler: Scheduler, who: Caller, form: launch.LaunchForm, hub: Any) -> Task:
+    """Every app task is made here, whatever asked for it: a launch, a clone or relaunch of an
+    app task, an imported form. The app's rules first (its lock, its compute resources, a
+    static route's teams, the running-app quotas), then those of any task (broker/api/create)."""
+    app = the_app(scheduler, form.app)
+    launch.check_lock(app, AppStore(scheduler.store).locks())
+    resource = form.resource or scheduler.estate.default_resource or ""
+    launch.check_resource(app, resource)
+    if form.route is not None:
+        route = static_routes(scheduler).get(form.route)
+        launch.check_route(app, route, form.route, who.user, who.team, who.admin)
+    elif form.teams and app.kind != "endpoint":
+        raise KliqueError(f"app {app.name} is a session, open to its owner only: drop teams")
     check_task(scheduler, who, TaskSpec(command=("true",), resource=resource))  # known, permitted
-    route_name = body.route or launch.route_name(app)
+    route_name = form.route or launch.route_name(app)
     spec = launch.app_spec(
-        app, form, scheduler.estate, resource, route_name, body.route is not None
+        app, form, scheduler.estate, resource, route_name, form.route is not None
     )
     with launch.quota_lock():
         running = [
@@ -266,16 +283,26 @@ def launch_app(name: AppName, body: LaunchRequest, request: Request, who: Auth) 
             for t in scheduler.store.tasks(states=launch.COUNTED, with_diff=False)
             if t.spec.kind == launch.APPLICATION
         ]
-        launch.check_quota(scheduler.estate, team, running)
-        task = new_task(scheduler, who, spec)
-    request.app.state.route_hub.forget_routes()
-    return instance_out(task, request)
+        launch.check_quota(scheduler.estate, who.team, running)
+        task = new_task(scheduler, who, spec, app_admitted=True)
+    hub.forget_routes()
+    return task
+
+
+def relaunch_task(
+    scheduler: Scheduler, who: Caller, task: Task, hub: Any, resource: str | None, name: str | None
+) -> Task:
+    """An app task again (a clone): its launch form, on `resource` and named `name` when given,
+    through every rule a launch passes, on a route of its own unless it serves a static one."""
+    form = launch_form_of(task)
+    edited = replace(form, resource=resource or form.resource, name=name or form.name)
+    return launch_task(scheduler, who, edited, hub)
 
 
 @router.put("/apps/{name}/lock")
 def lock_app(name: AppName, body: LockRequest, request: Request, who: Auth) -> LockOut:
     """(admin) Refuse new launches of an app, with the reason users will read."""
-    _admin(who, "lock an app")
+    authz.check_admin(who, "lock an app")
     scheduler = scheduler_of(request)
     the_app(scheduler, name)
     lock = AppStore(scheduler.store).lock(name, body.reason, who.user)
@@ -285,7 +312,7 @@ def lock_app(name: AppName, body: LockRequest, request: Request, who: Auth) -> L
 @router.delete("/apps/{name}/lock")
 def unlock_app(name: AppName, request: Request, who: Auth) -> LockOut:
     """(admin) Let an app be launched again."""
-    _admin(who, "unlock an app")
+    authz.check_admin(who, "unlock an app")
     scheduler = scheduler_of(request)
     the_app(scheduler, name)
     AppStore(scheduler.store).unlock(name)
@@ -317,7 +344,7 @@ def _route_out(route: StaticRoute, request: Request) -> RouteOut:
 def create_route(body: RouteRequest, request: Request, who: Auth) -> RouteOut:
     """(admin) A static route: endpoints launched behind it serve its teams, one after another
     or several at once; it outlives them."""
-    _admin(who, "create a static route")
+    authz.check_admin(who, "create a static route")
     scheduler = scheduler_of(request)
     route = StaticRoute(body.name, tuple(body.teams), tuple(body.apps), who.user)
     if body.name in scheduler.estate.routes or not AppStore(scheduler.store).add_route(route):
@@ -329,7 +356,7 @@ def create_route(body: RouteRequest, request: Request, who: Auth) -> RouteOut:
 @router.delete("/routes/{name}")
 def delete_route(name: RouteName, request: Request, who: Auth) -> dict[str, bool]:
     """(admin) Remove a static route made through the API (the estate's stay)."""
-    _admin(who, "delete a static route")
+    authz.check_admin(who, "delete a static route")
     scheduler = scheduler_of(request)
     if name in scheduler.estate.routes:
         raise NotPermitted(f"route {name} is declared in the estate; remove it there")

@@ -1,6 +1,7 @@
 """Artifacts over HTTP: uploads stream into the artifact store (never whole in memory), with
-the estate's size limit; downloads stream out. Only the task's owner (and admins) read them,
-and a task's own report token, for its task, its steps and the inputs it was made to read."""
+the estate's size limit and the task's share (limits.max_artifacts); downloads stream out. Only
+the task's owner (and admins) read them, and a task's own report token, for its task, its steps
+and the inputs it was made to read."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from broker.api.auth import ActorAuth, scheduler_of
 from broker.api.schemas import ArtifactOut
 from broker.api.sdk import TaskId, acts_on, find, reads
 from broker.artifacts import ArtifactStore, TooLarge, too_large
+from broker.bounds import OverBound, artifacts_problem
+from broker.domain import Limits
 from broker.errors import NotFound
 from broker.names import ARTIFACT, FILENAME
 
@@ -54,15 +57,22 @@ async def upload(
     scheduler = scheduler_of(request)
     task = find(scheduler, task_id, actor, acts_on)
     store = store_of(request)
+    limits = scheduler.estate.limits
+    # The task's other artifacts (one of this name is replaced) count against its share.
+    kept = sum(a["size"] for a in scheduler.store.artifacts(task.id) if a["name"] != name)
     content_length = request.headers.get("content-length")
     if content_length is not None:
         if not content_length.isdigit():
             raise HTTPException(400, "the Content-Length header is not a number")
         if int(content_length) > store.max_bytes:
             raise HTTPException(413, too_large(int(content_length), store.max_bytes))
+        problem = artifacts_problem(limits, task.id, kept, int(content_length))
+        if problem:
+            raise HTTPException(413, problem)
+    room = limits.max_artifact_bytes - kept
     try:
-        digest, size = await store.put(_body(request))
-    except TooLarge as exc:
+        digest, size = await store.put(_body(request, task.id, room, limits))
+    except (TooLarge, OverBound) as exc:
         raise HTTPException(413, str(exc)) from None
     found = scheduler.store.add_artifact(
         task.id, name=name, kind=kind, filename=filename or name, digest=digest, size=size
@@ -70,9 +80,16 @@ async def upload(
     return ArtifactOut(**found)
 
 
-async def _body(request: Request) -> AsyncIterator[bytes]:
+async def _body(request: Request, task_id: int, room: int, limits: Limits) -> AsyncIterator[bytes]:
+    """The upload's chunks; OverBound past the task's room (the store keeps nothing of it)."""
+    size = 0
     async for chunk in request.stream():
         if chunk:
+            size += len(chunk)
+            if size > room:
+                raise OverBound(
+                    artifacts_problem(limits, task_id, limits.max_artifact_bytes - room, size)
+                )
             yield chunk
 
 

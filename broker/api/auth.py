@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Annotated
 from fastapi import Depends, FastAPI, Header, HTTPException, Request
 from starlette.concurrency import run_in_threadpool
 
+from broker.authz import Action, find_task, needed_scope, report_refusal, scope_problem
 from broker.domain import Task
-from broker.errors import NotFound
 from broker.identity.resolve import Caller, Identities, Refused
 from broker.store.repository import Store, token_digest
 
@@ -30,10 +30,12 @@ __all__ = [
     "bearer",
     "caller",
     "caller_of",
+    "needed_scope",
     "owned_task",
     "report_token_valid",
     "reporting_task",
     "scheduler_of",
+    "scope_problem",
 ]
 
 SESSION_COOKIE = "klique_session"
@@ -77,20 +79,6 @@ def caller_of(identities: Identities, token: str) -> Caller | None:
         return from_bearer(identities, token)
     except Refused:
         return None
-
-
-def scope_problem(who: Caller, needed: str) -> str | None:
-    """Why this caller may not make a request that needs `needed` (read, submit), if so."""
-    if needed in who.scopes:
-        return None
-    return (
-        f"this token may only {' and '.join(sorted(who.scopes))}; this request needs the "
-        f"{needed!r} scope (ask for a token with --scope {needed})"
-    )
-
-
-def needed_scope(method: str) -> str:
-    return "read" if method in SAFE else "submit"
 
 
 async def caller(request: Request, authorization: Annotated[str | None, Header()] = None) -> Caller:
@@ -141,14 +129,18 @@ class Actor(Caller):
 
 
 def actor(request: Request, authorization: Annotated[str | None, Header()] = None) -> Actor:
-    """A live task's report token: that task (never another); else a user's credential as
-    `caller` checks it, scopes included."""
+    """A live task's report token: that task (never another; what it may do there is
+    broker/authz.py's); 409 once the task has ended; else a user's credential as `caller`
+    checks it, scopes included. A requeued or superseded attempt's token is no task's."""
     token = bearer(authorization)
     task = None
     if token and token.count(".") != 2:  # a report token is never a JWT
         store = scheduler_of(request).store
         task = store.task_for_report_digest(token_digest(token))
-    if task is not None and not task.state.final:
+    if task is not None:
+        refusal = report_refusal(task)
+        if refusal:
+            raise HTTPException(409, refusal)
         return Actor(task.owner, False, team=task.team, task=task.id)
     who = checked_caller(request, authorization)
     return Actor(**{f.name: getattr(who, f.name) for f in fields(who)})
@@ -174,9 +166,7 @@ def _same_token(token: str, expected: str) -> bool:
     return same and bool(expected)
 
 
-def owned_task(store: Store, task_id: int, who: Caller) -> Task:
-    """The caller's own task (any task for an admin); NotFound for anyone else's."""
-    task = store.get(task_id)
-    if task.owner != who.user and not who.admin:
-        raise NotFound(f"no task {task_id} of yours; `klique ls` lists your tasks")
-    return task
+def owned_task(store: Store, task_id: int, who: Caller, action: Action = Action.READ_TASK) -> Task:
+    """The caller's own task (any task for an admin), if authz lets them do `action` to it;
+    NotFound for anyone else's."""
+    return find_task(store.get, who, action, task_id)

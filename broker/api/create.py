@@ -11,6 +11,7 @@ from fastapi import HTTPException
 from broker.api.auth import Caller
 from broker.api.creations import Creations
 from broker.api.schemas import SubmitRequest
+from broker.apps.launch import APPLICATION
 from broker.domain import LOCAL_POOL, CodeSpec, Estate, Task, TaskSpec, TaskState
 from broker.errors import NotFound, NotPermitted
 from broker.scheduler.loop import Scheduler
@@ -76,9 +77,21 @@ def check_task(scheduler: Scheduler, who: Caller, spec: TaskSpec) -> str | None:
 
 
 def new_task(
-    scheduler: Scheduler, who: Caller, spec: TaskSpec, record: dict[str, Any] | None = None
+    scheduler: Scheduler,
+    who: Caller,
+    spec: TaskSpec,
+    record: dict[str, Any] | None = None,
+    app_admitted: bool = False,
 ) -> Task:
-    """A queued task; `record` sets the SDK's fields (parent, parameters, packages, inputs)."""
+    """A queued task; `record` sets the SDK's fields (parent, parameters, packages, inputs).
+    An app task only from `broker.api.apps.launch_task`, which has passed the app's rules
+    (`app_admitted`): no other path (a clone, an import, a future one) may skip them."""
+    if spec.kind == APPLICATION and not app_admitted:
+        app = (spec.app or {}).get("name", "APP")
+        raise NotPermitted(
+            f"an app task is made only by an app launch (`klique app launch {app}`), which "
+            "applies the app's lock, quotas, compute resources and route teams"
+        )
     team = check_task(scheduler, who, spec)
     gpus = scheduler.estate.resources[spec.resource].profile.gpu_share
     store = scheduler.store

@@ -3,11 +3,10 @@ login methods a server offers, LDAP logins, and the browser's single sign-on
 (`/auth/login`, `/auth/callback`, `/auth/logout`; see docs/identity.md for the cookie and CSRF
 contract)."""
 
-import threading
 import time
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, HTTPException
+from fastapi import APIRouter, HTTPException, Request
 from fastapi import Path as PathParam
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -15,15 +14,21 @@ from broker.api.auth import Auth
 from broker.api.identity_web import browser_routes
 from broker.errors import NotPermitted
 from broker.identity import ldap
+from broker.identity.canonical import NotAName, user_name
 from broker.identity.resolve import Identities, Refused
-from broker.names import NAME
+from broker.identity.throttle import Throttle, retry_after
+from broker.names import LINE, NAME
 from broker.store.identity import TokenInfo
 
 Scope = Literal["read", "submit"]
 TokenId = Annotated[str, PathParam(pattern=r"^[0-9a-f]{16}$", description="A token's id.")]
-# LDAP logins that fail: at most this many per user name in a minute, then 429.
+# LDAP logins that fail: at most this many per user name (all its spellings) and this many
+# from one source address (one password tried over many names) in a minute, then 429. Each
+# count is kept for at most this many names or addresses (the least recently failed go).
 _LDAP_FAILURES = 5
+_LDAP_ADDRESS_FAILURES = 20
 _LDAP_WINDOW_S = 60.0
+_LDAP_TABLE_SIZE = 10_000
 
 
 class _Body(BaseModel):
@@ -72,7 +77,9 @@ class TokenMade(TokenOut):
 
 
 class LdapLogin(_Body):
-    user: str = Field(pattern=NAME)
+    # As typed ("ALICE", " alice"): normalised to the name the directory compares
+    # (broker/identity/canonical.py) before anything else, then it must be a Klique name.
+    user: str = Field(min_length=1, max_length=256, pattern=LINE)
     password: str = Field(min_length=1, max_length=1024, pattern=r"^[^\x00]*$")
 
 
@@ -107,28 +114,38 @@ def identity_router(identities: Identities, api: str) -> APIRouter:
         )
 
     @router.post(f"{api}/auth/ldap", status_code=201, responses={429: {"description": "slow"}})
-    def ldap_login(body: LdapLogin) -> TokenMade:
-        """A password checked against the site's LDAP directory; answers a Klique token that
-        expires after identity.token_lifetime."""
+    def ldap_login(body: LdapLogin, request: Request) -> TokenMade:
+        """A password checked against the site's LDAP directory; answers a Klique token for
+        the user the directory's entry names, that expires after identity.token_lifetime."""
         identity = identities.identity
         if identity is None or identity.ldap is None:
             raise HTTPException(404, "this server has no LDAP login; ask the platform team")
-        if failures.too_many(body.user):
-            raise HTTPException(429, "too many failed logins for this user; wait a minute")
         try:
-            groups = ldap.login(identity.ldap, body.user, body.password)
+            typed = user_name(body.user, identity.ldap.case_sensitive)
+        except NotAName as exc:
+            raise HTTPException(422, str(exc)) from None
+        address = request.client.host if request.client else "unknown"
+        # Counted as a failure before the directory is asked (a throttled try never reaches
+        # it, and tries sent at once cannot all pass), and forgiven unless it fails.
+        failures.take(typed, address)
+        try:
+            person = ldap.login(identity.ldap, typed, body.password)
         except ldap.LdapRefused as exc:
-            failures.add(body.user)
             raise HTTPException(401, str(exc)) from None
         except ldap.LdapUnreachable as exc:
+            failures.forgive(typed, address)
             raise HTTPException(503, str(exc)) from None
+        except ldap.LdapUnusable as exc:
+            failures.forgive(typed, address)
+            raise HTTPException(403, str(exc)) from None
+        failures.forgive(typed, address)
         try:
-            who = identities.person(body.user, groups, "ldap")
+            who = identities.person(person.user, person.groups, "ldap")
         except Refused as exc:
             raise HTTPException(exc.status, str(exc)) from None
         token, info = identities.store.add_token(
             who.user,
-            groups=groups,
+            groups=person.groups,
             expires_at=time.time() + identity.token_lifetime,
         )
         return TokenMade(**TokenOut.of(info).model_dump(), token=token)
@@ -184,21 +201,33 @@ def _check_token_request(identities: Identities, body: TokenRequest, kind: str) 
 
 
 class _Failures:
-    """Failed LDAP logins per user name in the last minute (a brake on password guessing)."""
+    """Failed LDAP logins in the last minute, per user name and per source address (a brake
+    on password guessing), each in a table of bounded size."""
 
     def __init__(self) -> None:
-        self._seen: dict[str, list[float]] = {}
-        self._lock = threading.Lock()
+        self.by_name = Throttle(_LDAP_FAILURES, _LDAP_WINDOW_S, _LDAP_TABLE_SIZE)
+        self.by_address = Throttle(_LDAP_ADDRESS_FAILURES, _LDAP_WINDOW_S, _LDAP_TABLE_SIZE)
 
-    def too_many(self, user: str) -> bool:
-        with self._lock:
-            now = time.time()
-            recent = [t for t in self._seen.get(user, []) if now - t < _LDAP_WINDOW_S]
-            self._seen[user] = recent
-            return len(recent) >= _LDAP_FAILURES
+    def take(self, name: str, address: str) -> None:
+        """Count this try against the name and the address; 429, with Retry-After, counting
+        nothing, when either has failed too often."""
+        wait = self.by_name.take(name)
+        if wait:
+            raise HTTPException(
+                429,
+                "too many failed logins for this user; wait a minute",
+                headers={"Retry-After": retry_after(wait)},
+            )
+        wait = self.by_address.take(address)
+        if wait:
+            self.by_name.forgive(name)
+            raise HTTPException(
+                429,
+                "too many failed logins from this address; wait a minute",
+                headers={"Retry-After": retry_after(wait)},
+            )
 
-    def add(self, user: str) -> None:
-        with self._lock:
-            if len(self._seen) > 100_000:
-                self._seen.clear()
-            self._seen.setdefault(user, []).append(time.time())
+    def forgive(self, name: str, address: str) -> None:
+        """This try did not fail (the password was right, or the directory was not asked)."""
+        self.by_name.forgive(name)
+        self.by_address.forgive(address)

@@ -6,9 +6,9 @@ then a session cookie bound to a record on the server (docs/identity.md has the 
   `klique_login` cookie.
 - `GET /auth/callback`: the state must be this browser's; the code is exchanged with the
   verifier; the ID token is verified (signature, issuer, audience, expiry, nonce); then a new
-  session: `klique_session` (HttpOnly, SameSite=Lax) and `klique_csrf` (readable by the page,
-  to send back as the X-Klique-CSRF header). A session id is never taken from the browser: it
-  is made here, new at every login (no session fixation).
+  session: `klique_session` (HttpOnly, SameSite=Lax, Secure over TLS); its CSRF token, to send
+  back as the X-Klique-CSRF header, is in the UI's pages, never in a cookie. A session id is
+  never taken from the browser: it is made here, new at every login (no session fixation).
 - `POST /auth/logout`: ends the session (CSRF header required).
 """
 
@@ -146,7 +146,7 @@ def browser_routes(identities: Identities) -> APIRouter:
         if old:
             identities.store.end_session(token_digest(old))
         assert identities.identity is not None
-        cookie, csrf = identities.store.add_session(
+        cookie, _csrf = identities.store.add_session(
             who.user,
             identities.user_and_groups(claims)[1],
             str(tokens.get("refresh_token") or ""),
@@ -156,7 +156,7 @@ def browser_routes(identities: Identities) -> APIRouter:
         response = RedirectResponse(found.next, 303)
         secure = found.redirect_uri.startswith("https://")
         response.delete_cookie(LOGIN_COOKIE, path="/auth")
-        set_session_cookies(response, cookie, csrf, secure)
+        set_session_cookies(response, cookie, secure)
         return response
 
     @router.post("/auth/logout")
@@ -183,12 +183,14 @@ def browser_routes(identities: Identities) -> APIRouter:
     return router
 
 
-def set_session_cookies(response: Response, cookie: str, csrf: str, secure: bool) -> None:
-    """A new session's cookies: the id (never readable by the page) and the CSRF token."""
+def set_session_cookies(response: Response, cookie: str, secure: bool) -> None:
+    """A new session's cookie: its id, never readable by a page. The CSRF token is no cookie
+    (a script could read one, and routes once shared this host): the UI's pages carry it, and
+    the browser's `klique_csrf` of old is cleared."""
     response.set_cookie(
         SESSION_COOKIE, cookie, path="/", httponly=True, samesite="lax", secure=secure
     )
-    response.set_cookie(CSRF_COOKIE, csrf, path="/", samesite="lax", secure=secure)
+    response.delete_cookie(CSRF_COOKIE, path="/")
 
 
 def clear_session_cookies(response: Response) -> None:

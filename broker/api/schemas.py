@@ -134,6 +134,7 @@ class WhyOut(BaseModel):
     sentence: str
     detail: str
     pools: dict[str, str]
+    reason: str = ""  # the one line `ls` shows: the sentence and the detail, each said once
 
 
 class LogChunk(BaseModel):

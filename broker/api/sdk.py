@@ -3,7 +3,9 @@ one to a compute resource (execute_remotely), clones, pipeline steps and cached 
 
 A user's token acts on the user's tasks (an admin's on all). A task's report token acts on
 its own task, creates steps under it, and reads and cancels those steps (a pipeline
-controller running as a task); nothing else."""
+controller running as a task); it reads the artifacts its task was created to read, and
+reuses only the outputs of its own pipeline run. Anything else is the 404 of a task that
+does not exist (broker/authz.py has the rules)."""
 
 from __future__ import annotations
 
@@ -15,6 +17,8 @@ from typing import Annotated, Any
 from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi import Path as PathParam
 
+from broker import authz
+from broker.api.apps import relaunch_task
 from broker.api.auth import Actor, ActorAuth, scheduler_of
 from broker.api.create import check_batch_size, check_task, new_record, new_task
 from broker.api.schemas import RunIn, TaskOut
@@ -30,6 +34,7 @@ from broker.api.sdk_schemas import (
     StepOut,
     StepsIn,
 )
+from broker.apps.launch import APPLICATION
 from broker.domain import LOCAL_POOL, CodeSpec, Origin, Task, TaskSpec, TaskState
 from broker.errors import KliqueError, NotFound, NotPermitted
 from broker.scheduler.loop import Scheduler
@@ -41,26 +46,20 @@ TaskId = Annotated[int, PathParam(ge=1, lt=2**63, description="A task's id.")]
 
 def acts_on(actor: Actor, task: Task) -> bool:
     """The task's owner (or an admin) with a user token, or the task's own report token."""
-    if actor.task is not None:
-        return actor.task == task.id
-    return actor.admin or task.owner == actor.user
+    return authz.acts_on(actor, task)
 
 
 def controls(actor: Actor, task: Task) -> bool:
     """acts_on, or a pipeline's report token over its steps."""
-    return acts_on(actor, task) or (actor.task is not None and task.parent == actor.task)
+    return authz.controls(actor, task)
 
 
 def reads(scheduler: Scheduler, actor: Actor, task: Task, name: str | None) -> bool:
-    """controls, or a step's report token on the artifact it was made to read."""
-    if controls(actor, task):
-        return True
+    """A user's token: acts_on. A report token: its task, its steps, and the artifacts it was
+    made to read (name None: a listing of a task it reads from)."""
     if actor.task is None:
-        return False
-    inputs = scheduler.store.get(actor.task).inputs
-    if name is None:  # a listing: the task is one the step was made to read from
-        return any(source == task.id for source, _ in inputs)
-    return (task.id, name) in inputs
+        return acts_on(actor, task)
+    return authz.report_token_reads(scheduler.store.get(actor.task), task, name)
 
 
 def find(scheduler: Scheduler, task_id: int, actor: Actor, allowed: Any = acts_on) -> Task:
@@ -170,8 +169,8 @@ def _fields(scheduler: Scheduler, body: RecordIn, actor: Actor) -> dict[str, Any
 def _parent(scheduler: Scheduler, parent: int | None, actor: Actor) -> int | None:
     """A report token's tasks are its own task's steps; a user's, under one of the user's."""
     if actor.task is not None:
-        if parent not in (None, actor.task):
-            raise NotPermitted("a task's token makes steps of its own task only")
+        if parent not in (None, actor.task):  # another task of its owner: none of its business
+            raise authz.no_such_task(parent)
         return actor.task
     if parent is not None:
         find(scheduler, parent, actor)
@@ -201,7 +200,8 @@ def _local(scheduler: Scheduler, body: RecordIn, actor: Actor, fields: dict[str,
 def _reuse(scheduler: Scheduler, body: RecordIn, actor: Actor, fields: dict[str, Any]) -> RecordOut:
     """A step whose code and inputs match a completed one: its outputs, without running."""
     assert body.reuse is not None
-    earlier = find(scheduler, body.reuse, actor, lambda a, t: t.owner == a.user or a.admin)
+    own = None if actor.task is None else scheduler.store.get(actor.task)
+    earlier = find(scheduler, body.reuse, actor, lambda a, t: authz.may_reuse(a, t, own))
     if earlier.state is not TaskState.COMPLETED:
         raise KliqueError(f"task {earlier.id} is {earlier.state.value}; only completed ones reuse")
     spec = _spec(body, body.resource or earlier.resource, body.name, body.project)
@@ -299,6 +299,9 @@ def clone(task_id: TaskId, body: CloneIn, request: Request, actor: ActorAuth) ->
     """A new queued task with the same code, packages and parameters (edited)."""
     scheduler = scheduler_of(request)
     task = find(scheduler, task_id, actor)
+    if task.spec.kind == APPLICATION:  # an app again: through every rule of a launch
+        hub = request.app.state.route_hub
+        return _out(relaunch_task(scheduler, actor, task, hub, body.resource, body.name), scheduler)
     if task.origin is Origin.LOCAL and task.spec.resource == LOCAL_POOL and not body.resource:
         raise KliqueError(f"task {task.id} ran locally; give the compute resource to run it on")
     resource = body.resource or task.spec.resource
@@ -306,7 +309,7 @@ def clone(task_id: TaskId, body: CloneIn, request: Request, actor: ActorAuth) ->
     fields = {
         "parameters": {**task.parameters, **body.parameters},
         "packages": list(task.packages),
-        "parent_id": None,
+        "parent_id": actor.task,  # a report token makes steps of its own task only
     }
     return _out(new_task(scheduler, actor, spec, fields), scheduler)
 
@@ -348,12 +351,22 @@ def cached(
     actor: ActorAuth,
     key: Annotated[str, Query(pattern=r"^[0-9a-f]{64}$")],
 ) -> TaskOut:
-    """The newest completed task of the caller with this cache key (same code and inputs)."""
+    """The newest completed task of the caller with this cache key (same code and inputs);
+    for a report token, the newest such step of its own pipeline run (reuse allows no other)."""
     scheduler = scheduler_of(request)
-    task = scheduler.store.cached(actor.user, key)
+    if actor.task is None:
+        task = scheduler.store.cached(actor.user, key)
+    else:
+        task = _cached_step(scheduler, actor.task, key)
     if task is None:
         raise NotFound("no completed task with this code and these inputs")
     return _out(task, scheduler)
+
+
+def _cached_step(scheduler: Scheduler, pipeline: int, key: str) -> Task | None:
+    steps = scheduler.store.children(pipeline)
+    done = [s for s in steps if s.cache_key == key and s.state is TaskState.COMPLETED]
+    return done[-1] if done else None
 
 
 async def cancel_steps(scheduler: Scheduler, parent: int) -> None:

@@ -14,6 +14,7 @@ from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi import Path as PathParam
 from pydantic import BaseModel, Field
 
+from broker import authz
 from broker.api.auth import Auth, Caller, scheduler_of
 from broker.api.create import check_batch_size, check_task, spec_of
 from broker.api.schemas import SubmitRequest, TaskOut, _Body
@@ -126,7 +127,7 @@ def _own_sweep(scheduler: Scheduler, sweep_id: int, who: Caller) -> dict[str, An
         sweep = scheduler.store.sweep(sweep_id)
     except NotFound:
         sweep = None
-    if sweep is None or (sweep["owner"] != who.user and not who.admin):
+    if sweep is None or not authz.sees_owner(who, sweep["owner"]):
         raise NotFound(f"no sweep {sweep_id} of yours; `klique show ID` names a task's sweep")
     return sweep
 

@@ -45,11 +45,20 @@ class LdapFile(Strict):
     group_base: str  # where groups live: ou=groups,dc=example,dc=com
     group_filter: str = "(member={dn})"  # {dn}: the user's DN; {user}: the user name
     group_attribute: Word = "cn"  # the attribute that names a group
+    # The attribute of the person's entry whose value is their Klique user name (read back
+    # from the entry after the bind, never taken from what was typed).
+    user_attribute: Word = "uid"
+    # uid compares case-insensitively in the standard schemas (RFC 4519), so the name is
+    # lower-cased; true keeps its case (an attribute whose matching rule is case-exact).
+    case_sensitive: bool = False
     timeout: Seconds = 10
 
 
 class ClaimsFile(Strict):
     username: Word = "preferred_username"
+    # The provider compares user names ignoring case (most do), so the name is lower-cased;
+    # true keeps its case.
+    username_case_sensitive: bool = False
     groups: Word = "groups"
 
 

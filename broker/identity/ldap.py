@@ -1,16 +1,20 @@
 """LDAP logins (ldap3, pure Python): a simple bind as the user over TLS (ldaps:// or
 StartTLS, the server's certificate verified), then the user's groups, read with the same
-connection. Values that enter a DN or a filter are escaped (RFC 4514, RFC 4515)."""
+connection. The person's Klique user name is read back from their entry (`user_attribute`),
+never taken from what was typed. Values that enter a DN or a filter are escaped (RFC 4514,
+RFC 4515)."""
 
 from __future__ import annotations
 
 import ssl
+from dataclasses import dataclass
 
-from ldap3 import NONE, SUBTREE, Connection, Server, Tls
+from ldap3 import BASE, NONE, SUBTREE, Connection, Server, Tls
 from ldap3.core.exceptions import LDAPException
 from ldap3.utils.conv import escape_filter_chars
 from ldap3.utils.dn import escape_rdn
 
+from broker.identity.canonical import NotAName, user_name
 from broker.identity.config import LdapFile
 
 
@@ -22,8 +26,20 @@ class LdapUnreachable(Exception):
     """The directory could not be asked (down, TLS failed): not the user's fault."""
 
 
-def login(settings: LdapFile, user: str, password: str) -> list[str]:
-    """The user's groups, once the directory accepts their password; LdapRefused otherwise."""
+class LdapUnusable(Exception):
+    """The password is right but the entry names no single Klique user; the message says why
+    and what the platform team can do."""
+
+
+@dataclass(frozen=True)
+class Person:
+    user: str  # the Klique user name, from the entry's own attribute, normalised
+    groups: list[str]
+
+
+def login(settings: LdapFile, user: str, password: str) -> Person:
+    """Who the directory says this is, once it accepts the password; LdapRefused otherwise.
+    `user` is what was typed, normalised; the answer's name is the entry's."""
     if not password:
         # An empty password is an "unauthenticated bind" (RFC 4513 5.1.2), which many
         # directories accept as anonymous: it proves nothing.
@@ -40,7 +56,8 @@ def login(settings: LdapFile, user: str, password: str) -> list[str]:
     )
     try:
         _bind(connection, settings)
-        return _groups(connection, settings, dn, user)
+        entry_dn, named = _entry(connection, settings, dn)
+        return Person(_klique_name(settings, named), _groups(connection, settings, entry_dn, named))
     finally:
         connection.unbind()
 
@@ -72,9 +89,42 @@ def _bind(connection: Connection, settings: LdapFile) -> None:
         raise LdapRefused("wrong user name or password")
 
 
-def _groups(connection: Connection, settings: LdapFile, dn: str, user: str) -> list[str]:
+def _entry(connection: Connection, settings: LdapFile, dn: str) -> tuple[str, list[str]]:
+    """The bound entry's DN and its `user_attribute` values, as the directory keeps them."""
+    attribute = settings.user_attribute
+    try:
+        connection.search(dn, "(objectClass=*)", BASE, attributes=[attribute])
+    except LDAPException as exc:
+        raise LdapUnreachable(f"cannot read the entry {dn}: {exc}") from exc
+    for entry in connection.response or []:
+        if entry.get("type") == "searchResEntry":
+            values = (entry.get("attributes") or {}).get(attribute) or []
+            named = [values] if isinstance(values, str) else [str(v) for v in values]
+            return str(entry.get("dn") or dn), named
+    raise LdapUnusable(
+        f"the directory accepted the password but shows no entry at {dn}; ask the platform "
+        "team to let a person read their own entry"
+    )
+
+
+def _klique_name(settings: LdapFile, named: list[str]) -> str:
+    """The one Klique user name the entry's `user_attribute` gives."""
+    attribute = settings.user_attribute
+    try:
+        names = {user_name(v, settings.case_sensitive, f"the entry's {attribute}") for v in named}
+    except NotAName as exc:
+        raise LdapUnusable(f"{exc}; ask the platform team to check the directory entry") from None
+    if len(names) != 1:
+        raise LdapUnusable(
+            f"the directory entry has {len(names) or 'no'} {attribute} values where Klique "
+            f"needs one; ask the platform team to check identity.ldap.user_attribute"
+        )
+    return names.pop()
+
+
+def _groups(connection: Connection, settings: LdapFile, dn: str, named: list[str]) -> list[str]:
     query = settings.group_filter.replace("{dn}", escape_filter_chars(dn)).replace(
-        "{user}", escape_filter_chars(user)
+        "{user}", escape_filter_chars(named[0])
     )
     try:
         connection.search(

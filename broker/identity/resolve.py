@@ -4,7 +4,6 @@ turned into one `Caller` (user, team, admin, scopes), under the same rules which
 from __future__ import annotations
 
 import hmac
-import re
 import threading
 import time
 from collections.abc import Callable
@@ -15,9 +14,9 @@ import httpx
 
 from broker.domain import Estate
 from broker.identity.authlib_httpx import OAuthError
+from broker.identity.canonical import NotAName, user_name
 from broker.identity.config import IdentityFile, is_admin, team_for
 from broker.identity.oidc import InvalidToken, Provider, ProviderUnreachable
-from broker.names import NAME
 from broker.store.identity import IdentityStore, SessionInfo, TokenInfo
 from broker.store.repository import Store, token_digest
 
@@ -148,14 +147,18 @@ class Identities:
     def user_and_groups(self, claims: dict[str, Any]) -> tuple[str, list[str]]:
         identity = self.identity
         assert identity is not None
-        user = claims.get(identity.claims.username)
-        if not isinstance(user, str) or not re.fullmatch(NAME, user):
-            raise Refused(
-                403,
-                f"the provider's token has no usable {identity.claims.username!r} claim (a "
-                "Klique user name: letters, digits, '.', '_', '-'); ask the platform team to "
-                "check identity.claims in the estate",
+        named = claims.get(identity.claims.username)
+        try:
+            # Normalised as the provider compares names: "Alice" is alice, not a second user.
+            user = user_name(
+                named if isinstance(named, str) else "",
+                identity.claims.username_case_sensitive,
+                f"the provider's {identity.claims.username!r} claim",
             )
+        except NotAName as exc:
+            raise Refused(
+                403, f"{exc}; ask the platform team to check identity.claims in the estate"
+            ) from None
         raw = claims.get(identity.claims.groups) or []
         groups = [raw] if isinstance(raw, str) else [g for g in raw if isinstance(g, str)]
         return user, groups
@@ -187,7 +190,7 @@ class Identities:
             raise Refused(
                 403,
                 "a request that changes something needs the X-Klique-CSRF header with the "
-                "session's CSRF token (the klique_csrf cookie); see docs/identity.md",
+                "session's CSRF token (in the web UI's pages); see docs/identity.md",
             )
         if found.token_id is not None:
             return self._token_session(found)

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from typing import Any
 
 from fastapi import FastAPI
+from starlette.exceptions import HTTPException
 
 MCP_PATHS = ("/mcp", "/.well-known/oauth-protected-resource")
 
@@ -55,7 +56,8 @@ class LazyMcp:
         elif scope["type"] == "websocket":
             await send({"type": "websocket.close", "code": 1008})
         else:
-            await _not_found(send)
+            # The app's handlers answer: JSON to the API's callers, a page to a browser.
+            raise HTTPException(404)
 
     async def _app(self) -> ASGI:
         async with self._making:
@@ -94,10 +96,3 @@ class LazyMcp:
         self._stop.set()
         if self._sessions is not None:
             await self._sessions
-
-
-async def _not_found(send: Any) -> None:
-    body = b'{"detail":"Not Found"}'
-    headers = [(b"content-type", b"application/json")]
-    await send({"type": "http.response.start", "status": 404, "headers": headers})
-    await send({"type": "http.response.body", "body": body})

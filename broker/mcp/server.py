@@ -3,7 +3,8 @@ the CLI's verbs. The caller's token is the bearer token; every tool calls Klique
 in-process with that token, so an agent meets the same compute resources, policies, ownership,
 scopes and ledger as the CLI. A refusal (a lock, a quota, a policy, an unmapped account, a task
 that is not yours, a read-only token) comes back as a tool result whose text is the API's
-sentence.
+sentence. Before any call, broker/authz.py checks the token's scopes as the API does: a
+submit-only token reads nothing through a tool, a read-only one changes nothing.
 
 The OAuth protected-resource metadata (RFC 9728) is served at
 `/.well-known/oauth-protected-resource/mcp`; a token is any the API takes as a bearer token:
@@ -25,6 +26,7 @@ from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import AnyHttpUrl
 
+from broker import authz
 from broker.api.auth import caller_of, identities_of
 from broker.identity.resolve import Identities
 
@@ -54,9 +56,12 @@ class Api:
         self.app = app
 
     async def call(self, method: str, path: str, **kwargs: Any) -> Any:
-        access = get_access_token()
-        if access is None:
-            raise ToolError("no Klique token came with this call; register the server with it")
+        """The API's answer; refused first, as authz decides, when the token's scopes do not
+        cover the request (the API asks authz again)."""
+        access = self._token()
+        problem = authz.scopes_problem(access.scopes, authz.needed_scope(method))
+        if problem:
+            raise ToolError(f"refused: {problem}")
         transport = httpx.ASGITransport(app=self.app)
         headers = {"Authorization": f"Bearer {access.token}"}
         async with httpx.AsyncClient(
@@ -66,6 +71,16 @@ class Api:
         if response.status_code >= 400:
             raise ToolError(f"refused: {_detail(response)}")
         return response.json()
+
+    def may(self, scope: str) -> bool:
+        """Whether the calling token has `scope` (authz's rule)."""
+        return authz.scopes_problem(self._token().scopes, scope) is None
+
+    def _token(self) -> AccessToken:
+        access = get_access_token()
+        if access is None:
+            raise ToolError("no Klique token came with this call; register the server with it")
+        return access
 
 
 def _detail(response: httpx.Response) -> str:
@@ -108,7 +123,10 @@ def register_tools(server: MCPServer, api: Api) -> None:
 
 
 async def wait_for_refusal(api: Api, task: dict[str, Any]) -> dict[str, Any]:
-    """A new task, watched briefly: a pool's refusal (an unmapped account) shows at once."""
+    """A new task, watched briefly: a pool's refusal (an unmapped account) shows at once. A
+    token that may submit but not read gets the task as made, unwatched."""
+    if not api.may("read"):
+        return task
     deadline = asyncio.get_running_loop().time() + _REFUSAL_WAIT_S
     while task["state"] in ("queued", "placed") and asyncio.get_running_loop().time() < deadline:
         await asyncio.sleep(0.25)

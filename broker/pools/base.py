@@ -36,7 +36,9 @@ class Observation:
     # shown in the reason; `charged` False keeps it out of the ledger (the pool's charge_phases).
     phase: str = ""
     charged: bool = True
-    retry: bool = False  # the job never ran (its node failed to boot): it goes again
+    # The job never ran (its node failed to boot), or its node failed where the pool leaves
+    # reruns to Klique (Slurm's `requeue: klique`): it goes again from Klique's queue.
+    retry: bool = False
     requeued: bool = False  # the scheduler requeued a running job (its restart count grew)
 
 
@@ -119,8 +121,9 @@ class PoolDriver(ABC):
         account = self.pool.user_map.account_for(task.owner)
         if account is None:
             raise NotPermitted(
-                f"user {task.owner!r} is not in pool {self.pool.name!r}'s user_map and it has "
-                "no default; fix: map the user to a Linux account in the estate"
+                f"user {task.owner} is not in the user_map of pool {self.pool.name}, which has "
+                f"no default; fix: map {task.owner} to a Linux account under "
+                f"pools.{self.pool.name}.user_map in the estate"
             )
         check_account(account)
         return account
@@ -282,9 +285,19 @@ class PoolDriver(ABC):
             "uv": self.uv_path(task),
             "runtime": self.pool.settings.get("container_runtime"),
             "container_scratch": self.pool.settings.get("container_scratch"),
+            "container_home": self.pool.settings.get("container_home"),
+            "container_gpus": self.pool.settings.get("container_gpus"),
+            "gpus_requested": _asks_for_gpus_of(self.context.estate, task),
             "parameters": task.parameters,
             "app": task.spec.app,  # an application's route and walltime (broker/apps/launch.py)
         }
+
+
+def _asks_for_gpus_of(estate: Estate, task: Task) -> bool:
+    """The task's compute resource asks for GPUs (a container then gets their driver
+    libraries, whatever GPU variables the scheduler sets)."""
+    resource = estate.resources.get(task.resource)
+    return bool(resource is not None and resource.profile.whole_gpus)
 
 
 def own_uv() -> str | None:

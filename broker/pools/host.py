@@ -162,15 +162,15 @@ class HostDriver(PoolDriver):
             return super().account(task)
         if os.geteuid() == 0:
             raise NotPermitted(
-                f"pool {self.pool.name!r} has no user_map and the server runs as root; Klique "
-                "never runs tasks as root: fix: give the pool a user_map (Klique user: Linux "
+                f"pool {self.pool.name} has no user_map and the server runs as root; Klique "
+                "never runs tasks as root; fix: give the pool a user_map (Klique user: Linux "
                 "account) and a job_root that the accounts share"
             )
         if task.owner != self.server_account:
             raise NotPermitted(
-                f"pool {self.pool.name!r} has no user_map, so it runs only the tasks of "
-                f"{self.server_account!r}, the account running the server; fix: ask the platform "
-                f"team to map {task.owner!r} to a Linux account in the pool's user_map"
+                f"pool {self.pool.name} has no user_map, so it runs only the tasks of "
+                f"{self.server_account}, the account running the server; fix: ask the platform "
+                f"team to map {task.owner} to a Linux account in the pool's user_map"
             )
         return self.server_account
 
@@ -185,7 +185,8 @@ class HostDriver(PoolDriver):
         if self.single_user and os.geteuid() == 0:
             self.problems = [
                 f"pool {self.pool.name} has no user_map and the server runs as root, so it runs "
-                "no task; fix: give it a user_map and a shared job_root"
+                "no task; fix: give it a user_map and a shared job_root (`klique demo` makes an "
+                "account and such an estate)"
             ]
             return self.problems
         if self.single_user and not self.pool.settings.get("job_root"):

@@ -289,7 +289,7 @@ class DockerHostDriver(HostDriver):
         problem = private_group_problem(account, entry.pw_gid)
         if problem and os.geteuid() == 0:
             raise NotPermitted(
-                f"pool {self.pool.name!r} runs {task.owner!r}'s containers as {account!r}: "
+                f"pool {self.pool.name} runs the containers of {task.owner} as {account}: "
                 f"{problem}, and docker mode gives that group the folder the container mounts; "
                 "fix: give the account a group of its own (useradd's default on Debian)"
             )

@@ -18,6 +18,7 @@ router = APIRouter()
 log = logging.getLogger("klique.routes")
 TaskId = Annotated[int, PathParam(ge=1, lt=2**63)]
 POLICY_VIOLATION = 1008  # RFC 6455 7.4.1: refused; before the handshake the client sees 403
+OLD_RUNNER = "the app's runner is older than the server (no flow control): launch the app again"
 
 
 @router.websocket("/api/v1/tasks/{task_id}/tunnel")
@@ -47,6 +48,8 @@ async def tunnel(websocket: WebSocket, task_id: TaskId) -> None:
 
 
 async def _read(websocket: WebSocket, hub: Hub, instance: Instance) -> None:
+    """The runner's frames, one at a time: this reader never waits on a stream's consumer (each
+    stream holds at most its window), so one slow caller cannot stall the tunnel's others."""
     while True:
         message = await websocket.receive()
         if message["type"] == "websocket.disconnect":
@@ -60,6 +63,16 @@ async def _read(websocket: WebSocket, hub: Hub, instance: Instance) -> None:
             continue
         if stream == 0:
             if kind == frames.READY:
+                if frames.ready_version(payload) < frames.VERSION:
+                    await websocket.close(POLICY_VIOLATION, OLD_RUNNER)
+                    return
                 hub.mark_ready(instance)
             continue
-        instance.deliver(stream, kind, payload)
+        problem = instance.deliver(stream, kind, payload)
+        if problem is not None:
+            log.warning("task %s: stream %s closed: %s", instance.task_id, stream, problem)
+            close = frames.encode_json(stream, frames.CLOSE, {"code": 1008, "reason": problem})
+            try:
+                await instance.send(close)
+            except (OSError, RuntimeError):  # the tunnel is gone already
+                return

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import secrets
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
@@ -24,7 +23,6 @@ from broker.faults import crash_point
 from broker.pools.base import ClaimedEnds, Observation, PoolDriver, Submission
 from broker.scheduler.link import ACTIVE, Accepted, Attempt, ControlPlane
 from broker.scheduler.placement import PoolState
-from broker.store.repository import token_digest
 
 log = logging.getLogger("klique.agent")
 
@@ -199,16 +197,13 @@ class PoolAgent:
             await self._submit_now(tasks)
 
     async def _submit_now(self, tasks: list[Task]) -> None:
-        # A new folder and report token for every attempt, recorded before anything is sent:
-        # a crash after this finds the job by its folder, and an old attempt cannot report.
-        tokens = [secrets.token_urlsafe(32) for _ in tasks]
-        attempts = [
-            Attempt(task, self.driver.new_job_dir(task), token_digest(token))
-            for task, token in zip(tasks, tokens, strict=True)
-        ]
+        # A new folder for every attempt, recorded before anything is sent, with the report
+        # token the control plane makes for it: a crash after this finds the job by its
+        # folder, and an old attempt cannot report.
+        attempts = [Attempt(task, self.driver.new_job_dir(task)) for task in tasks]
         found = await self.link.begin(attempts)
         # A task no longer placed was cancelled meanwhile: nothing is sent for it.
-        begun = [(task, token) for task, token in zip(found, tokens, strict=True) if task]
+        begun = [(b.task, b.token) for b in found if b is not None]
         for _ in begun:  # counted per task: every task of the batch is begun, none is sent
             crash_point("before_submit")
         if not begun:

@@ -8,6 +8,7 @@ placement, policies and the ledger; agents only say what their pools did.
 from __future__ import annotations
 
 import asyncio
+import secrets
 from collections.abc import Sequence
 from typing import NamedTuple, Protocol
 
@@ -15,18 +16,25 @@ from broker.domain import Estate, Task, TaskState, can_transition
 from broker.pools.base import Observation
 from broker.scheduler.held import HeldTasks
 from broker.scheduler.placement import PoolState
-from broker.store.repository import Move, Store
+from broker.store.repository import Move, Store, token_digest
 
 ACTIVE = (TaskState.SUBMITTED, TaskState.PENDING, TaskState.RUNNING)
 HOLDING = (TaskState.PLACED, *ACTIVE)
 
 
 class Attempt(NamedTuple):
-    """A submission about to be made: the task, its new job folder, its report token's digest."""
+    """A submission about to be made: the task and its new job folder."""
 
     task: Task
     job_dir: str
-    digest: str
+
+
+class Begun(NamedTuple):
+    """An attempt the control plane recorded: the task, and the report token it minted for
+    this attempt (its runner's only credential; the agent writes it into task.json)."""
+
+    task: Task
+    token: str
 
 
 class Accepted(NamedTuple):
@@ -43,10 +51,10 @@ class ControlPlane(Protocol):
     async def holding(self, pool: str) -> list[Task]:
         """The pool's tasks: placed (to submit, or to look up), submitted, pending, running."""
 
-    async def begin(self, attempts: Sequence[Attempt]) -> list[Task | None]:
-        """About to submit a batch: record each attempt's folder and report-token digest
-        first, all at once. None for a task no longer placed (cancelled meanwhile): submit
-        nothing for it."""
+    async def begin(self, attempts: Sequence[Attempt]) -> list[Begun | None]:
+        """About to submit a batch: record each attempt's folder first, all at once, with a
+        new report token the control plane makes (an agent never chooses one). None for a
+        task no longer placed (cancelled meanwhile): submit nothing for it."""
 
     async def submitted(self, accepted: Sequence[Accepted]) -> list[bool]:
         """The pool accepted a batch's jobs, recorded at once; False for a task cancelled
@@ -85,11 +93,16 @@ class StoreLink:
     async def holding(self, pool: str) -> list[Task]:
         return await asyncio.to_thread(self.held.current, pool)
 
-    async def begin(self, attempts: Sequence[Attempt]) -> list[Task | None]:
-        fields = {a.task.id: {"job_dir": a.job_dir, "report_digest": a.digest} for a in attempts}
+    async def begin(self, attempts: Sequence[Attempt]) -> list[Begun | None]:
+        # A new token for every attempt: the one an earlier attempt had stops working here.
+        tokens = {a.task.id: secrets.token_urlsafe(32) for a in attempts}
+        fields = {
+            a.task.id: {"job_dir": a.job_dir, "report_digest": token_digest(tokens[a.task.id])}
+            for a in attempts
+        }
         placed = [TaskState.PLACED]
         begun = await asyncio.to_thread(self.store.update_many, fields, placed)
-        found = {task.id: task for task in begun}
+        found = {task.id: Begun(task, tokens[task.id]) for task in begun}
         return [found.get(a.task.id) for a in attempts]
 
     async def submitted(self, accepted: Sequence[Accepted]) -> list[bool]:
@@ -153,6 +166,7 @@ class StoreLink:
             pool=None,
             native_id=None,
             job_dir=None,
+            report_digest="",  # the attempt is over: its token reports nothing more
             borrowed=False,
             preempted=False,
             gpu_ids=[],

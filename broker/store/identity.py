@@ -3,13 +3,16 @@ sessions. Secrets are kept as SHA-256 digests; the caller compares nothing itsel
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
 import json
 import secrets
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from sqlalchemy import delete, select
+from sqlalchemy import delete, func, select
 
 from broker.errors import NotFound
 from broker.store.repository import Store, token_digest
@@ -124,7 +127,11 @@ class IdentityStore:
             return _token(row) if row is not None else None
 
     def is_service_user(self, name: str) -> bool:
-        query = select(TokenRow.digest).where(TokenRow.user == name, TokenRow.kind == "service")
+        """Whether a service user has this name, in any case: a person's names are lower-cased
+        (broker/identity/canonical.py), so "ci-bot" must not take a service user "CI-Bot"."""
+        query = select(TokenRow.digest).where(
+            func.lower(TokenRow.user) == name.lower(), TokenRow.kind == "service"
+        )
         with self.store._sessions() as session:
             return session.scalar(query.limit(1)) is not None
 
@@ -139,8 +146,10 @@ class IdentityStore:
         expires_at: float,
         token_id: str | None = None,
     ) -> tuple[str, str]:
-        """A new session: (the cookie's value, the CSRF token). Both are random and new."""
-        cookie, csrf = secrets.token_urlsafe(32), secrets.token_urlsafe(32)
+        """A new session: (the cookie's value, the CSRF token). The cookie is random and new;
+        the CSRF token is `session_csrf` of it (the server can put it in the session's pages)."""
+        cookie = secrets.token_urlsafe(32)
+        csrf = session_csrf(cookie)
         with self.store._tx() as session:
             session.add(
                 SessionRow(
@@ -158,8 +167,11 @@ class IdentityStore:
         return cookie, csrf
 
     def session(self, cookie: str) -> SessionInfo | None:
+        return self.session_by_digest(token_digest(cookie))
+
+    def session_by_digest(self, digest: str) -> SessionInfo | None:
         with self.store._sessions() as session:
-            row = session.get(SessionRow, token_digest(cookie))
+            row = session.get(SessionRow, digest)
             return _session(row) if row is not None else None
 
     def refresh_session(
@@ -206,3 +218,11 @@ def _session(row: SessionRow) -> SessionInfo:
         expires_at=row.expires_at,
         token_id=row.token_id,
     )
+
+
+def session_csrf(cookie: str) -> str:
+    """A session's CSRF token, made from its cookie by a one-way function: the server writes it
+    into the session's pages (never into a cookie a script could read), and nobody without the
+    cookie, which no script can read, can make it."""
+    mac = hmac.new(cookie.encode(), b"klique csrf token", hashlib.sha256).digest()
+    return base64.urlsafe_b64encode(mac).decode().rstrip("=")

@@ -9,12 +9,12 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from broker.domain import Task, TaskState
 from broker.errors import NotFound
-from broker.store.tables import ArtifactRow, TaskRow
+from broker.store.tables import ArtifactRow, ScalarRow, TaskRow
 
 ARTIFACT_FIELDS = ("name", "kind", "filename", "digest", "size", "created_at")
 
@@ -34,6 +34,12 @@ class RecordMethods:
         with self._sessions() as session:
             row = session.scalar(select(TaskRow).where(TaskRow.report_digest == digest))
             return _task(row, with_diff=False) if row is not None else None
+
+    def scalar_count(self, task_id: int) -> int:
+        """How many scalar points the task has (limits.max_scalars bounds them)."""
+        query = select(func.count()).select_from(ScalarRow).where(ScalarRow.task_id == task_id)
+        with self._sessions() as session:
+            return int(session.scalar(query) or 0)
 
     def children(self, parent: int) -> list[Task]:
         """The tasks `parent` made (a pipeline's steps), in the order they were made."""

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import secrets
 import threading
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
@@ -32,7 +31,6 @@ from broker.errors import NotFound
 from broker.store.changes import TOUCHED, Changes, track
 from broker.store.records import RecordMethods
 from broker.store.tables import (
-    AgentTokenRow,
     LedgerRow,
     ScalarRow,
     SweepRow,
@@ -577,24 +575,6 @@ class Store(RecordMethods):
         if found is None or found.revoked or found.expired(time.time()):
             return None
         return found.user, found.admin
-
-    def add_agent_token(self, pools: Sequence[str]) -> str:
-        token = secrets.token_urlsafe(32)
-        with self._tx() as session:
-            session.add(
-                AgentTokenRow(
-                    digest=token_digest(token),
-                    pools=json.dumps(sorted(pools)),
-                    created_at=time.time(),
-                )
-            )
-        return token
-
-    def pools_for_agent_token(self, token: str) -> list[str] | None:
-        """The pools an agent token may act for; None for an unknown token."""
-        with self._sessions() as session:
-            row = session.get(AgentTokenRow, token_digest(token))
-            return list(json.loads(row.pools)) if row else None
 
     def has_admin(self) -> bool:
         with self._sessions() as session:

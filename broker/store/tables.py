@@ -132,12 +132,17 @@ class SessionRow(Base):
 
 
 class AgentTokenRow(Base):
-    """A token for `klique agent`: it may act only for the pools it names."""
+    """A token for `klique agent`: it may act only for the pools it names, until it expires or
+    is revoked (migration 0011_agent_token_expiry)."""
 
     __tablename__ = "agent_tokens"
 
     digest: Mapped[str] = mapped_column(String(64), primary_key=True)  # sha256 of the token
+    id: Mapped[str] = mapped_column(String(32), unique=True)  # agent-<digest's start>: ls/revoke
     pools: Mapped[str] = mapped_column(Text)  # JSON list of pool names
+    expires_at: Mapped[float] = mapped_column(Float)
+    revoked: Mapped[bool] = mapped_column(Boolean, default=False)
+    last_used_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     created_at: Mapped[float] = mapped_column(Float)
 
 

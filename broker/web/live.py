@@ -21,7 +21,6 @@ from fastapi.responses import StreamingResponse
 from markupsafe import escape
 
 from broker.api.app import TaskId, _read_console, _task_out, why_out
-from broker.api.auth import owned_task
 from broker.domain import Task, TaskState
 from broker.errors import NotFound
 from broker.store import web as web_store
@@ -227,7 +226,7 @@ def add_routes(router: APIRouter, web: Web) -> None:
     def task_events(request: Request, task_id: TaskId) -> StreamingResponse:
         who = web.viewer(request)
         try:
-            task = owned_task(web.scheduler.store, task_id, who.caller)
+            task = web.task(who, task_id)
         except NotFound:
             return _sse(_gone())
         stream = TaskStream(web, request, who, task)

@@ -15,10 +15,11 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from starlette.datastructures import UploadFile
 
+from broker import authz
 from broker.api.app import simulation_out, usage_out
 from broker.api.schemas import PoolOut, ResourceOut, SimulateRequest
 from broker.domain import TaskState
-from broker.errors import EstateError, KliqueError
+from broker.errors import EstateError, KliqueError, NotPermitted
 from broker.scheduler.loop import HOLDING, Scheduler
 from broker.store import web as web_store
 from broker.usage import USAGE_KEYS, UsageKey, parse_since
@@ -235,7 +236,9 @@ def add_routes(router: APIRouter, web: Web) -> None:
     @router.get("/platform")
     async def platform(request: Request) -> HTMLResponse:
         who = web.viewer(request)
-        if not who.admin:
+        try:
+            authz.check(who, authz.Action.ADMINISTER)
+        except NotPermitted:
             return web.error(
                 request, who, 403, "the template preview is for the platform team (an admin)"
             )

@@ -12,9 +12,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from broker.api.app import TaskId, _read_console, _task_out, why_out
-from broker.api.auth import owned_task
 from broker.api.schemas import TaskOut
 from broker.api.sdk import cancel_steps
+from broker.authz import Action, owner_filter
 from broker.domain import Task, TaskState
 from broker.errors import NotFound
 from broker.store import web as web_store
@@ -39,11 +39,8 @@ def task_filter(request: Request, who: Viewer) -> tuple[web_store.TaskFilter, li
             states.append(TaskState(value))
         elif value:
             problems.append(f"unknown state {value!r} left out")
-    owner = who.user
-    if who.admin:
-        owner = params.get("owner") or None  # type: ignore[assignment]
     where = web_store.TaskFilter(
-        owner=owner,
+        owner=owner_filter(who, params.get("owner") or None),
         states=tuple(states),
         project=params.get("project") or None,
         search=(params.get("q") or "").strip()[:200],
@@ -79,7 +76,7 @@ def list_context(web: Web, request: Request, who: Viewer) -> dict[str, Any]:
         "next_before": found.next_before,
         "searched_to": found.searched_to,
         "states": [s.value for s in TaskState if s is not TaskState.CREATED],
-        "projects": web_store.projects(web.store, None if who.admin else who.user),
+        "projects": web_store.projects(web.store, owner_filter(who)),
         "owners": web_store.owners(web.store) if who.admin else [],
         "query": httpx.QueryParams(query),
         "since": repr(since),
@@ -163,7 +160,7 @@ def add_routes(router: APIRouter, web: Web) -> None:
         who = web.viewer(request)
         stamp = web_store.updated_at(web.store, task_id)  # before the read: the stream goes on
         try:
-            found = owned_task(scheduler.store, task_id, who.caller)
+            found = web.task(who, task_id)
         except NotFound as exc:
             return web.error(request, who, 404, str(exc))
         out = _task_out(found, scheduler, detail=True)
@@ -189,7 +186,7 @@ def add_routes(router: APIRouter, web: Web) -> None:
     async def cancel(request: Request, task_id: TaskId) -> Response:
         who, form = await web.posted(request)
         try:
-            found = owned_task(scheduler.store, task_id, who.caller)
+            found = web.task(who, task_id, Action.CANCEL)
         except NotFound as exc:
             return web.error(request, who, 404, str(exc))
         if not found.state.final:
@@ -205,7 +202,7 @@ def add_routes(router: APIRouter, web: Web) -> None:
         missing = []
         for task_id in ids[:1000]:
             try:
-                found = owned_task(scheduler.store, task_id, who.caller)
+                found = web.task(who, task_id, Action.CANCEL)
             except NotFound:
                 missing.append(str(task_id))
                 continue
@@ -226,7 +223,7 @@ def add_routes(router: APIRouter, web: Web) -> None:
         outs, problems = [], []
         for task_id in dict.fromkeys(wanted):
             try:
-                found = owned_task(scheduler.store, task_id, who.caller)
+                found = web.task(who, task_id)
             except NotFound as exc:
                 problems.append(str(exc))
                 continue
@@ -246,7 +243,7 @@ def add_routes(router: APIRouter, web: Web) -> None:
     def clone_form(request: Request, task_id: TaskId) -> HTMLResponse:
         who = web.viewer(request)
         try:
-            out = _task_out(owned_task(scheduler.store, task_id, who.caller), scheduler)
+            out = _task_out(web.task(who, task_id), scheduler)
         except NotFound as exc:
             return web.error(request, who, 404, str(exc))
         if not web.features(request).clone:
@@ -257,7 +254,7 @@ def add_routes(router: APIRouter, web: Web) -> None:
     async def clone(request: Request, task_id: TaskId) -> Response:
         who, form = await web.posted(request)
         try:
-            out = _task_out(owned_task(scheduler.store, task_id, who.caller), scheduler)
+            out = _task_out(web.task(who, task_id, Action.CLONE), scheduler)
         except NotFound as exc:
             return web.error(request, who, 404, str(exc))
         if not web.features(request).clone:

@@ -10,10 +10,13 @@ from fastapi.responses import HTMLResponse
 from jinja2 import Environment, PackageLoader, select_autoescape
 
 # Scripts and styles come only from this server: no inline script, no inline style, no eval.
+# 'self' is the UI's own origin, which serves no app: routes live on an origin of their own
+# (broker/routes/origin.py), so nothing an app serves is a script, style, frame or connection
+# this policy admits.
 CSP = (
     "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
-    "connect-src 'self'; font-src 'self'; object-src 'none'; base-uri 'none'; "
-    "form-action 'self'; frame-ancestors 'none'"
+    "connect-src 'self'; font-src 'self'; object-src 'none'; frame-src 'none'; "
+    "worker-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
 )
 HEADERS = {
     "Content-Security-Policy": CSP,

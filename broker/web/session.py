@@ -4,10 +4,13 @@ model and one CSRF contract for the whole server; docs/identity.md) and the sign
 A session is made by the server, new at every sign-in (no session fixation): by single sign-on
 (`/auth/login`, broker/api/identity_web.py), or here from a Klique token typed into the sign-in
 form or made by an LDAP password. A session signed in with a token stands for that token: its
-revocation or expiry ends the session. The cookies are `klique_session` (HttpOnly, SameSite=Lax)
-and `klique_csrf` (the CSRF token); every state-changing request made with the session must
-send the CSRF token back: the `X-Klique-CSRF` header (the API, htmx), or the `csrf` form field
-of the UI's plain forms, which the server fills in from the same cookie.
+revocation or expiry ends the session. Its one cookie is `klique_session` (HttpOnly, SameSite=Lax,
+Secure over TLS). Every state-changing request made with the session must send the session's
+CSRF token back: the `X-Klique-CSRF` header (the API, htmx), or the `csrf` form field of the UI's
+plain forms. The token is carried in the page only (base.html's hx-headers, the forms' hidden
+field), never in a cookie: the server makes it from the session's cookie (`session_csrf`) and
+checks it against the digest it keeps. Routes are on another origin (broker/routes/origin.py),
+and no script there or here can read the session's cookie, so none can learn the token.
 
 The sign-in form, before any session exists, is protected by a double-submit token (a cookie
 and a hidden field that must agree).
@@ -22,9 +25,10 @@ from dataclasses import dataclass
 
 from fastapi import Request, Response
 
-from broker.api.auth import CSRF_COOKIE, CSRF_HEADER, SESSION_COOKIE
+from broker.api.auth import CSRF_HEADER, SESSION_COOKIE
 from broker.api.identity_web import set_session_cookies
 from broker.identity.resolve import Caller, Identities, Refused
+from broker.store.identity import session_csrf
 from broker.store.repository import token_digest
 
 __all__ = ["CSRF_FIELD", "CSRF_HEADER", "SESSION_COOKIE", "SignedIn", "current", "sign_in"]
@@ -41,8 +45,9 @@ class SignedIn:
 
 
 def current(identities: Identities, request: Request) -> SignedIn | None:
-    """The browser's live session, and its CSRF token when the `klique_csrf` cookie holds the
-    session's own ("" otherwise: it may read, as the API lets it, but not act)."""
+    """The browser's live session, and its CSRF token ("" for a session whose token is not made
+    from its cookie, one made before tokens were: it may read, as the API lets it, but not act;
+    signing in again makes a new one)."""
     cookie = request.cookies.get(SESSION_COOKIE)
     if not cookie or len(cookie) > 200:
         return None
@@ -50,10 +55,10 @@ def current(identities: Identities, request: Request) -> SignedIn | None:
         who = identities.from_session(cookie, False, None)
     except Refused:
         return None
-    csrf = request.cookies.get(CSRF_COOKIE) or ""
+    csrf = session_csrf(cookie)
     found = identities.store.session(cookie)
     ours = found is not None and hmac.compare_digest(token_digest(csrf), found.csrf_digest)
-    return SignedIn(who, csrf if csrf and ours else "")
+    return SignedIn(who, csrf if ours else "")
 
 
 def sign_in(identities: Identities, request: Request, response: Response, token: str) -> Caller:
@@ -69,10 +74,10 @@ def sign_in(identities: Identities, request: Request, response: Response, token:
     old = request.cookies.get(SESSION_COOKIE)
     if old:
         identities.store.end_session(token_digest(old))
-    cookie, csrf = identities.store.add_session(
+    cookie, _csrf = identities.store.add_session(
         who.user, info.groups, "", ends, ends, token_id=info.id
     )
-    set_session_cookies(response, cookie, csrf, secure=request.url.scheme == "https")
+    set_session_cookies(response, cookie, secure=request.url.scheme == "https")
     return who
 
 

@@ -1,8 +1,10 @@
 """The web UI's routes under `/` (the API stays under /api/v1): sign-in, the shared pieces of
 every page, the vendored static files, and the pages of broker.web.pages_*.
 
-Every page acts as the signed-in user through the API's own functions and permission rules
-(`owned_task`, `usage_out`, ...): a user sees only their own tasks; admins see all.
+Every page acts as the signed-in user through the API's own functions, and asks broker/authz.py
+whether they may, as the API does: a user sees only their own tasks (admins see all), and the
+scopes of the token a session was signed in with hold on every page (`read` to look, `submit`
+to act).
 """
 
 from __future__ import annotations
@@ -19,13 +21,18 @@ from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from starlette.datastructures import FormData
 
+from broker import authz
 from broker.api.app import API
 from broker.api.auth import identities_of
 from broker.api.identity_web import clear_session_cookies
+from broker.authz import Action
+from broker.domain import Task
+from broker.errors import NotPermitted
 from broker.identity.resolve import USER_SCOPES, Caller, Identities, Refused
 from broker.scheduler.loop import Scheduler
 from broker.store.repository import token_digest
 from broker.web import session as web_session
+from broker.web.errors import error_title
 from broker.web.features import Features, detect
 from broker.web.render import HEADERS, page
 
@@ -55,8 +62,19 @@ class Web:
     def identities(self, request: Request) -> Identities:
         return identities_of(request.app)
 
-    def viewer(self, request: Request) -> Viewer:
-        """The signed-in user; otherwise a redirect to sign in (401 for live updates)."""
+    def viewer(self, request: Request, needs: str = "read") -> Viewer:
+        """The signed-in user, whose session's token has the scope `needs` (a page looks: read),
+        as authz decides for the API: 403 when it has not; a redirect to sign in (401 for live
+        updates) when no one is signed in."""
+        who = self.signed_in(request)
+        try:
+            authz.check_scope(who, needs)
+        except NotPermitted as exc:
+            raise HTTPException(403, str(exc)) from None
+        return who
+
+    def signed_in(self, request: Request) -> Viewer:
+        """The signed-in user, whatever their scopes; otherwise a redirect to sign in."""
         found = web_session.current(self.identities(request), request)
         if found is not None:
             who = found.caller
@@ -68,17 +86,23 @@ class Web:
         raise HTTPException(303, headers={"Location": f"/login?next={quote(target, safe='')}"})
 
     async def posted(self, request: Request, acts: bool = True) -> tuple[Viewer, FormData]:
-        """The viewer and the form of a state-changing request, after its CSRF check."""
-        who = self.viewer(request)
+        """The viewer and the form of a state-changing request, after its CSRF check; one that
+        `acts` needs the session's token to have the `submit` scope."""
+        who = self.signed_in(request)
         form = await request.form()
         given = form.get(web_session.CSRF_FIELD) or request.headers.get(web_session.CSRF_HEADER)
         if not (who.csrf and isinstance(given, str) and hmac.compare_digest(who.csrf, given)):
             raise HTTPException(403, "missing or wrong CSRF token; reload the page and try again")
-        if acts and "submit" not in who.scopes:
-            raise HTTPException(
-                403, "this session's token may only read; sign in with a token that may submit"
-            )
+        if acts:
+            try:
+                authz.check_scope(who, "submit")
+            except NotPermitted as exc:
+                raise HTTPException(403, str(exc)) from None
         return who, form
+
+    def task(self, who: Viewer, task_id: int, action: Action = Action.READ_TASK) -> Task:
+        """The task, if authz lets the viewer do `action` to it (NotFound as for none)."""
+        return authz.find_task(self.store.get, who, action, task_id)
 
     async def call_api(
         self, request: Request, who: Viewer, method: str, path: str, body: Any = None
@@ -90,7 +114,6 @@ class Web:
             base_url="http://klique.local",
             cookies={
                 web_session.SESSION_COOKIE: request.cookies.get(web_session.SESSION_COOKIE, ""),
-                web_session.CSRF_COOKIE: who.csrf,
             },
             headers={web_session.CSRF_HEADER: who.csrf},
         ) as client:
@@ -113,7 +136,10 @@ class Web:
         )
 
     def error(self, request: Request, who: Viewer, status: int, message: str) -> HTMLResponse:
-        return self.page(request, who, "error.html", status, message=message)
+        title = error_title(status)
+        return self.page(
+            request, who, "error.html", status, code=status, title=title, message=message
+        )
 
 
 def safe_next(target: str | None) -> str:
@@ -219,8 +245,11 @@ async def _ldap_token(request: Request, form: FormData) -> tuple[str, str]:
     """A Klique token for an LDAP password, from the API's own LDAP login (its checks, its
     slowing of failures); ("", the API's refusal) when it says no."""
     body = {"user": str(form.get("ldap_user") or ""), "password": str(form.get("password") or "")}
+    # The browser's address, not the loopback's: the API counts failures per source address.
+    peer = (request.client.host, request.client.port) if request.client else ("unknown", 0)
     async with httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=request.app), base_url="http://klique.local"
+        transport=httpx.ASGITransport(app=request.app, client=peer),
+        base_url="http://klique.local",
     ) as client:
         answer = await client.post(f"{API}/auth/ldap", json=body)
     if answer.status_code != 201:

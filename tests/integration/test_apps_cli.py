@@ -30,7 +30,7 @@ def test_a_launch_form_exports_and_launches_again_the_same(server_factory, tmp_p
     path.write_text(exported.output)
     launched = server.cli("app", "launch", "--form", str(path), "--wait", "--json", token=alice)
     assert launched.exit_code == 0, launched.output
-    instance = json.loads(launched.output)
+    instance = json.loads(launched.stdout)  # progress goes to stderr meanwhile
     assert instance["ready"] and instance["params"] == form["params"]
     again = server.cli("app", "export", "--id", str(instance["id"]), token=alice)
     assert json.loads(again.output)["params"] == form["params"]

@@ -47,9 +47,12 @@ def test_jupyterlab_runs_through_its_route_in_a_real_browser(session_server):
     assert started["kind"] == "session" and route.startswith("/routes/jupyter-")
     wait_ready(server, alice, task_id, READY_S)
 
+    name = route.split("/")[2]
     with chromium() as browser:
-        browser.get(f"{server.url}{route}lab?token={alice}")
-        assert browser.current_url == f"{server.url}{route}lab"  # the token left the address
+        browser.get(_code_url(server, alice, name))  # as `klique app open` prints it
+        assert "code=" not in browser.current_url  # the code left the address
+        browser.get(f"{server.routes_url}{route}lab")
+        assert browser.current_url == f"{server.routes_url}{route}lab"
         wait_for(
             lambda: browser.execute_script("return !!document.querySelector('.jp-Launcher')"),
             120,
@@ -59,16 +62,18 @@ def test_jupyterlab_runs_through_its_route_in_a_real_browser(session_server):
         assert "JupyterLab" in browser.title
         assert browser.execute_async_script(RUN_ONE_PLUS_ONE, route) == "2"
 
-    with httpx.Client(base_url=server.url, timeout=30) as http:
+    with httpx.Client(base_url=server.routes_url, timeout=30) as http:
         theirs = http.get(f"{route}lab", headers={"Authorization": f"Bearer {bob}"})
         nobody = http.get(f"{route}lab")
         cookie = http.get(f"{route}api/kernels", headers={"Cookie": f"klique_route={bob}"})
+        http.get(_code_url(server, alice, name))  # alice's route session, in the cookie jar
+        session = http.cookies["klique_route"]
     assert theirs.status_code == 403 and "not open to bob" in theirs.json()["detail"]
-    assert nobody.status_code == 401 and cookie.status_code == 403
-    # JupyterLab's event stream, with alice's cookie: from the server's own pages, not another site.
-    events = server.url.replace("http://", "ws://") + f"{route}api/events/subscribe"
-    own = {"Cookie": f"klique_route={alice}"}
-    with websockets.sync.client.connect(events, additional_headers=own, origin=server.url):
+    assert nobody.status_code == 401 and cookie.status_code == 401  # a token is no session
+    # JupyterLab's event stream, with alice's cookie: from the route's own pages, not another site.
+    events = server.routes_url.replace("http://", "ws://") + f"{route}api/events/subscribe"
+    own = {"Cookie": f"klique_route={session}"}
+    with websockets.sync.client.connect(events, additional_headers=own, origin=server.routes_url):
         pass
     with pytest.raises(InvalidStatus) as refused:
         websockets.sync.client.connect(events, additional_headers=own, origin="http://evil.example")
@@ -99,3 +104,11 @@ def _left_the_queue(native_id: str) -> bool:
         check=False,
     ).stdout.strip()
     return out in ("", "CANCELLED", "COMPLETED")
+
+
+def _code_url(server, token: str, name: str) -> str:
+    """A one-time address that opens the route in a browser (what `klique app open` prints)."""
+    with server.api(token) as api:
+        made = api.post(f"/routes/{name}/code")
+    assert made.status_code == 201, made.text
+    return str(made.json()["url"])

@@ -234,7 +234,7 @@ def test_an_unmapped_user_is_refused_with_a_reason(pool: BatchPool) -> None:
     task_id = pool.submit("mallory", "--", "true")
     task = pool.wait(task_id, "mallory")
     assert task["state"] == "failed" and task["native_id"] is None
-    assert "'mallory'" in task["reason"] and "user_map" in task["reason"]
+    assert "user mallory " in task["reason"] and "user_map" in task["reason"]
 
 
 def test_a_gpu_task_sees_exactly_the_gpus_the_scheduler_gave_it(pool: BatchPool) -> None:

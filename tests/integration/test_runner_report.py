@@ -115,3 +115,56 @@ def test_a_long_tasks_start_reaches_the_server_while_it_runs(tmp_path):
         runner.wait()
         sink.close()
     assert sink.states()[-1] == "done"
+
+
+# A task that prints for about two seconds: several reports' worth.
+CHATTY = "import time\nfor i in range(20):\n    print('line', i, flush=True)\n    time.sleep(0.1)\n"
+
+
+def test_a_report_refused_for_good_stops_the_reports_quietly(tmp_path):
+    """409 (the task has ended) or 401 (a requeue retired the token): the attempt is over, so
+    the runner sends nothing more and its job ends as it would have."""
+    sink = ReportSink(status=409)
+    try:
+        job = make_job(
+            tmp_path,
+            command=[sys.executable, "-c", CHATTY],
+            report={"url": sink.url, "token": "t"},
+        )
+        assert run_runner(job).returncode == 0
+    finally:
+        sink.close()
+    assert read_json(job, "exit.json")["outcome"] == "completed"
+    assert len(sink.posts) == 1, sink.posts
+
+
+class BoundedSink(ReportSink):
+    """Answers 413 to a report that carries console or scalars (the task's bound is reached)."""
+
+    @property  # type: ignore[override]
+    def status(self) -> int:
+        last = self.posts[-1] if self.posts else {}
+        return 413 if "console" in last or "scalars" in last else 200
+
+    @status.setter
+    def status(self, _value: int) -> None:
+        pass
+
+
+def test_a_report_past_a_bound_still_sends_the_state_and_the_exit(tmp_path):
+    sink = BoundedSink()
+    try:
+        job = make_job(
+            tmp_path,
+            command=[sys.executable, "-c", CHATTY],
+            report={"url": sink.url, "token": "t"},
+        )
+        assert run_runner(job).returncode == 0
+    finally:
+        sink.close()
+    assert sink.states()[-1] == "done"
+    assert [p["exit"] for p in sink.posts if "exit" in p] == [read_json(job, "exit.json")]
+    # After the first refusal, console and scalars stay in the job's folder only.
+    refused = [p for p in sink.posts if "console" in p or "scalars" in p]
+    assert len(refused) == 1, sink.posts
+    assert "line 19" in console(job)

@@ -99,6 +99,12 @@ class App(http.server.BaseHTTPRequestHandler):
     """The app on the node: it answers only with its secret, and says what it received."""
 
     def do_GET(self) -> None:
+        if self.path == "/big":
+            self.send_response(200)
+            self.send_header("Content-Length", str(BIG))
+            self.end_headers()
+            self.wfile.write(b"b" * BIG)
+            return
         self._answer(b"")
 
     def do_POST(self) -> None:
@@ -142,7 +148,12 @@ def test_the_tunnel_carries_requests_to_the_app_with_its_secret():
         assert connection.request.headers["Authorization"] == "Bearer report-token"
         stream, kind, _ = frames.decode(await connection.recv())
         assert (stream, kind) == (0, frames.READY)
-        head = {"method": "POST", "target": "/v1/echo?q=1", "headers": [["X-A", "b"]]}
+        head = {
+            "method": "POST",
+            "target": "/v1/echo?q=1",
+            "headers": [["X-A", "b"]],
+            "length": 9,  # the caller's Content-Length, as the proxy passes it on
+        }
         await connection.send(frames.encode_json(7, frames.REQUEST, head))
         await connection.send(frames.encode(7, frames.BODY, b"hello "))
         await connection.send(frames.encode(7, frames.BODY, b"app"))
@@ -179,6 +190,59 @@ def test_the_tunnel_carries_requests_to_the_app_with_its_secret():
     assert seen == {"path": "/v1/echo?q=1", "body": "hello app", "host": f"127.0.0.1:{app_port}"}
 
 
+BIG = 4 * frames.WINDOW_BYTES
+
+
+def test_the_runner_sends_an_answer_only_as_the_server_grants_credit():
+    """A stand-in server that grants nothing gets one window of the app's answer, then the
+    rest once it grants it."""
+    seen: dict[str, int] = {}
+    done = threading.Event()
+
+    async def body_until_quiet(connection, stream: int) -> tuple[int, bool]:
+        got, ended = 0, False
+        while not ended:
+            try:
+                frame = await asyncio.wait_for(connection.recv(), 1.5)
+            except TimeoutError:
+                break
+            found, kind, payload = frames.decode(frame)
+            assert found == stream
+            got += len(payload) if kind == frames.BODY else 0
+            ended = kind == frames.END
+        return got, ended
+
+    async def server_side(connection) -> None:
+        frames.decode(await connection.recv())  # READY
+        head = {"method": "GET", "target": "/big", "headers": [], "length": 0}
+        await connection.send(frames.encode_json(5, frames.REQUEST, head))
+        await connection.send(frames.encode(5, frames.END))
+        assert frames.decode(await connection.recv())[1] == frames.RESPONSE
+        seen["before"], ended = await body_until_quiet(connection, 5)
+        assert not ended
+        await connection.send(frames.encode_window(5, seen["before"]))
+        rest = BIG - seen["before"]
+        while rest > 0:  # grant the rest as a caller that reads would, a window at a time
+            got, ended = await body_until_quiet(connection, 5)
+            seen["after"] = seen.get("after", 0) + got
+            rest -= got
+            if got:
+                await connection.send(frames.encode_window(5, got))
+            if ended or not got:
+                break
+        done.set()
+        await connection.wait_closed()
+
+    with app_server() as app_port, ws_server(server_side) as (port, _):
+        tunnel = Tunnel(f"ws://127.0.0.1:{port}/t", "t", app_port, {}, "/big")
+        tunnel.start()
+        try:
+            assert done.wait(60), seen
+        finally:
+            tunnel.stop()
+    assert seen == {"before": frames.WINDOW_BYTES, "after": BIG - frames.WINDOW_BYTES}
+
+
 def test_the_tunnel_carries_websocket_streams_both_ways():
     got: list[object] = []
     done = threading.Event()
@@ -188,17 +252,28 @@ def test_the_tunnel_carries_websocket_streams_both_ways():
         async for message in connection:
             await connection.send(f"app got {message}")
 
+    grants: list[tuple[int, int]] = []
+
+    async def next_frame(connection) -> tuple[int, int, bytes]:
+        """The runner's next frame, its grants of credit (WINDOW) put aside."""
+        while True:
+            stream, kind, payload = frames.decode(await connection.recv())
+            if kind != frames.WINDOW:
+                return stream, kind, payload
+            grants.append((stream, frames.window_increment(payload)))
+
     async def server_side(connection) -> None:
-        frames.decode(await connection.recv())  # READY
+        _, _, ready = frames.decode(await connection.recv())
+        assert frames.ready_version(ready) == frames.VERSION
         opened = {"target": "/ws", "headers": [], "subprotocols": []}
         await connection.send(frames.encode_json(3, frames.WS_OPEN, opened))
-        stream, kind, payload = frames.decode(await connection.recv())
+        stream, kind, payload = await next_frame(connection)
         got.append((stream, kind, frames.payload_json(payload)))
         await connection.send(frames.encode(3, frames.WS_TEXT, b"1+1"))
-        stream, kind, payload = frames.decode(await connection.recv())
+        stream, kind, payload = await next_frame(connection)
         got.append((stream, kind, payload))
         await connection.send(frames.encode_json(3, frames.CLOSE, {"code": 1000}))
-        stream, kind, _ = frames.decode(await connection.recv())
+        stream, kind, _ = await next_frame(connection)
         got.append((stream, kind))
         done.set()
         await connection.wait_closed()
@@ -218,6 +293,7 @@ def test_the_tunnel_carries_websocket_streams_both_ways():
         (3, frames.WS_TEXT, b"app got 1+1"),
         (3, frames.CLOSE),
     ]
+    assert grants == [(3, 3)]  # "1+1" reached the app: its 3 bytes of credit come back
 
 
 def test_a_tunnel_the_server_refuses_gives_up():

@@ -60,7 +60,7 @@ def test_a_static_route_switches_instances_without_failing_requests(server_facto
         return int(task["id"])
 
     first = endpoint("first")
-    caller = Caller(f"{server.url}/routes/echo/", alice)
+    caller = Caller(f"{server.routes_url}/routes/echo/", alice)
     caller.start()
     wait_for(lambda: caller.names_since(0) == {"first"}, 30, "the first instance to serve")
 
@@ -85,7 +85,7 @@ def test_a_static_route_switches_instances_without_failing_requests(server_facto
     assert outside == [], outside
     assert len(caller.seen) > 20
     assert "first" not in caller.names_since(switch_ended)
-    with httpx.Client(base_url=server.url) as http:  # the route is its teams' only
+    with httpx.Client(base_url=server.routes_url) as http:  # the route is its teams' only
         refused = http.get("/routes/echo/", headers={"Authorization": f"Bearer {bob}"})
     assert refused.status_code == 403
     with server.api() as api:

@@ -2,6 +2,7 @@
 
 import asyncio
 import threading
+import time
 import uuid
 
 import pytest
@@ -256,6 +257,7 @@ def test_a_sweep_is_made_in_one_transaction_each_task_from_its_own_item(store):
 def test_a_batchs_attempts_and_accepted_jobs_are_each_recorded_at_once(store):
     from broker.estate import parse_estate
     from broker.scheduler.link import Accepted, Attempt, StoreLink
+    from broker.store.repository import token_digest
 
     estate = "pools: {p: {kind: host}}\nresources: {cpu: {profile: {cpus: 1, pools: [p]}}}"
     link = StoreLink(store, parse_estate(estate))
@@ -264,19 +266,50 @@ def test_a_batchs_attempts_and_accepted_jobs_are_each_recorded_at_once(store):
     placed = store.change_states(ids, S.PLACED, "", [S.QUEUED], {i: {"pool": "p"} for i in ids})
     first, cancelled, last = sorted(placed, key=lambda t: t.id)
     store.change_state(cancelled.id, S.CANCELLED, "by its owner")
-    attempts = [Attempt(t, f"/jobs/{t.id}", f"{t.id:064x}") for t in (first, cancelled, last)]
+    attempts = [Attempt(t, f"/jobs/{t.id}") for t in (first, cancelled, last)]
     begun = asyncio.run(link.begin(attempts))
     # A cancelled task is not begun: nothing is sent for it, and nothing is written.
-    assert [t and (t.id, t.job_dir) for t in begun] == [
+    assert [b and (b.task.id, b.task.job_dir) for b in begun] == [
         (first.id, f"/jobs/{first.id}"),
         None,
         (last.id, f"/jobs/{last.id}"),
     ]
     assert store.get(cancelled.id).job_dir is None
-    assert store.report_digest(last.id) == f"{last.id:064x}"
+    # Each begun attempt gets its own report token, made here; only its digest is kept.
+    assert begun[2] is not None and begun[0] is not None and begun[2].token != begun[0].token
+    assert store.report_digest(last.id) == token_digest(begun[2].token)
     store.change_state(last.id, S.CANCELLED, "by its owner")  # while the pool accepts it
     accepted = [Accepted(t, f"9_{n}", f"/jobs/{t.id}") for n, t in enumerate((first, last))]
     assert asyncio.run(link.submitted(accepted)) == [True, False]
     now = [store.get(t.id) for t in (first, last)]
     assert [(t.state, t.native_id) for t in now] == [(S.SUBMITTED, "9_0"), (S.CANCELLED, "9_1")]
     assert [e["to"] for e in store.events(first.id)] == ["queued", "placed", "submitted"]
+
+
+def test_agent_tokens_made_before_they_could_expire_get_an_end_and_revoked_ones_stay_out(store):
+    from alembic import command
+
+    from broker.store.agent_tokens import AgentTokens
+    from broker.store.migrate import config
+    from broker.store.repository import token_digest
+
+    tokens = AgentTokens(store)
+    kept, _ = tokens.add(["p"], time.time() + 3600)
+    gone, info = tokens.add(["q"], time.time() + 3600)
+    tokens.revoke(info.id)
+    command.downgrade(config(store.engine), "0010_sweeps")
+    made_before = "a token made when agent tokens had no end"
+    with store.engine.begin() as conn:
+        conn.execute(
+            sqlalchemy.text(
+                "INSERT INTO agent_tokens (digest, pools, created_at) VALUES (:d, :p, 0)"
+            ),
+            {"d": token_digest(made_before), "p": '["r"]'},
+        )
+    command.upgrade(config(store.engine), "head")
+    old = tokens.find(made_before)
+    assert old is not None and old.pools == ("r",) and not old.revoked
+    assert old.id == "agent-" + token_digest(made_before)[:16]
+    assert 89 * 86400 < old.expires_at - time.time() <= 90 * 86400  # from the upgrade on
+    assert tokens.find(kept) is not None
+    assert tokens.find(gone) is None  # a revoked token never comes back into force

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from batch_helpers import open_folder, remove_tree
+from batch_helpers import open_folder, remove_tree, shared_folder
+from confined_helper import write_config
 from conftest import ROOT, start_server, stop_server
 
 from broker import fileops
@@ -31,12 +32,24 @@ pytestmark = [
 SERVICE = "klique-svc"
 HELPER = Path("/usr/local/libexec/klique-helper")
 SUDOERS = Path("/etc/sudoers.d/klique-test")
+CONFIG = Path("/etc/klique/helper.conf")  # where an installed helper reads its job roots
 SCHEDULER = ("sbatch", "squeue", "scancel", "sinfo", "sacct")
 
 
 @pytest.fixture(scope="module")
-def sudo_rule(test_users: Any, slurm_cluster: Any) -> Iterator[str]:
-    """The service account, the helper installed root-owned, and its sudoers rule."""
+def jobs(test_users: Any) -> Iterator[Path]:
+    """A job root for these tests, open to all (sticky), in a folder of its own."""
+    folder = shared_folder("klique-sudo-")
+    try:
+        yield open_folder(folder / "jobs")
+    finally:
+        remove_tree(folder)
+
+
+@pytest.fixture(scope="module")
+def sudo_rule(test_users: Any, slurm_cluster: Any, jobs: Path) -> Iterator[str]:
+    """The service account, the helper installed root-owned with its job roots (these tests'
+    and the cluster's shared folder), and its sudoers rule."""
     if subprocess.run(["id", SERVICE], capture_output=True).returncode != 0:
         subprocess.run(["useradd", "--system", "--create-home", SERVICE], check=True)
     subprocess.run(
@@ -45,10 +58,15 @@ def sudo_rule(test_users: Any, slurm_cluster: Any) -> Iterator[str]:
         capture_output=True,
     )
     os.chown(HELPER, 0, 0)
+    kept = CONFIG.read_bytes() if CONFIG.exists() else None
+    write_config(CONFIG, [jobs, slurm_cluster.work])
     programs = ", ".join(shutil.which(p) or f"/usr/bin/{p}" for p in SCHEDULER)
+    # As docs/login-node-agent.md writes it: the commands named, their environment reset.
     rule = (
-        f'Defaults:{SERVICE} env_keep += "SLURM_CONF"\n'
-        f"{SERVICE} ALL=(alice,bob) NOPASSWD: {programs}, {HELPER}\n"
+        f"Cmnd_Alias KLIQUE = {programs}, {HELPER}\n"
+        'Defaults!KLIQUE env_reset, env_keep = "SLURM_CONF", !setenv, '
+        'secure_path = "/usr/local/bin:/usr/bin:/bin"\n'
+        f"{SERVICE} ALL=(alice,bob) NOPASSWD: NOSETENV: KLIQUE\n"
     )
     staged = SUDOERS.with_suffix(".new")
     staged.write_text(rule)
@@ -57,6 +75,10 @@ def sudo_rule(test_users: Any, slurm_cluster: Any) -> Iterator[str]:
     staged.replace(SUDOERS)
     yield rule
     SUDOERS.unlink(missing_ok=True)
+    if kept is None:
+        CONFIG.unlink()
+    else:
+        CONFIG.write_bytes(kept)
 
 
 def as_service(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -70,16 +92,18 @@ def as_service(*argv: str, env: dict[str, str] | None = None) -> subprocess.Comp
     )
 
 
-def test_the_rule_gives_no_shell_and_never_root(sudo_rule: str) -> None:
+def test_the_rule_gives_no_shell_and_never_root(sudo_rule: str, jobs: Path) -> None:
     for argv in (
         ["sudo", "-n", "-u", "root", "/usr/bin/squeue"],
         ["sudo", "-n", "-u", "alice", "/bin/sh", "-c", "id"],
         ["sudo", "-n", "-u", "alice", "/usr/bin/env", "id"],
+        # no variable of the caller's: sudo's VAR=value is refused (NOSETENV, !setenv)
+        ["sudo", "-n", "-u", "alice", "PYTHONINSPECT=1", str(HELPER), "mode", str(jobs)],
     ):
         done = as_service(*argv)
         assert done.returncode != 0, argv
     # The helper runs only a scheduler's submit command after writing a job folder.
-    folder = f"/tmp/klique-sudo-{uuid.uuid4().hex[:8]}"
+    folder = f"{jobs}/klique-sudo-{uuid.uuid4().hex[:8]}"
     done = subprocess.run(
         [
             "runuser",
@@ -107,12 +131,21 @@ def test_the_rule_gives_no_shell_and_never_root(sudo_rule: str) -> None:
     remove_tree(Path(folder))
 
 
+def test_through_the_rule_the_helper_stays_in_its_job_roots(sudo_rule: str) -> None:
+    """sudo to alice reaches her files through the helper only inside the job roots of its
+    configuration: her .profile is refused, with the reason on one line."""
+    profile = str(Path(pwd.getpwnam("alice").pw_dir) / ".profile")
+    done = as_service("sudo", "-n", "-u", "alice", str(HELPER), "read", profile, "1", "4096")
+    assert (done.returncode, done.stdout) == (4, ""), done
+    assert "outside the job roots" in done.stderr and len(done.stderr.splitlines()) == 1
+
+
 @pytest.mark.parametrize("transport", ["scripts", "helper"])
-def test_the_helper_does_what_the_scripts_do(sudo_rule: str, transport: str) -> None:
+def test_the_helper_does_what_the_scripts_do(sudo_rule: str, jobs: Path, transport: str) -> None:
     """Each file operation, as alice, through the shell scripts (runuser) and through the
     helper (sudo from root): the same results."""
     chosen = LocalTransport() if transport == "scripts" else SudoTransport(str(HELPER))
-    root = open_folder(Path(f"/tmp/klique-ops-{transport}-{uuid.uuid4().hex[:8]}"))
+    root = open_folder(jobs / f"klique-ops-{transport}-{uuid.uuid4().hex[:8]}")
 
     async def scenario() -> dict[str, Any]:
         folder = f"{root}/job"
@@ -266,7 +299,7 @@ def test_the_agent_token_serves_its_pools_only(host_server: Any) -> None:
     assert refused.status_code == 404 and "agent: remote" in refused.json()["detail"]
 
 
-def test_the_helper_submits_many_job_folders_as_the_scripts_do(sudo_rule: str) -> None:
+def test_the_helper_submits_many_job_folders_as_the_scripts_do(sudo_rule: str, jobs: Path) -> None:
     from submit_many_helpers import expected, run_scenario
 
-    assert run_scenario(SudoTransport(str(HELPER))) == expected()
+    assert run_scenario(SudoTransport(str(HELPER)), jobs) == expected()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 
 import httpx
 import pytest
@@ -19,6 +20,7 @@ from identity_helpers import (
     browser_login,
     ldap_estate,
     make_realm,
+    page_csrf,
 )
 from joserfc import jwt
 from joserfc.jwk import OctKey, RSAKey
@@ -142,7 +144,7 @@ def test_a_user_cannot_revoke_or_see_another_users_tokens(host_server) -> None:
 def test_a_cookie_without_its_csrf_header_changes_nothing(sso_server) -> None:
     server, realm = sso_server
     browser = browser_login(server.url, "alice", realm.user("alice", ["cv-lab"]))
-    csrf = browser.cookies["klique_csrf"]
+    csrf = page_csrf(browser, server.url)
     for headers in ({}, {"X-Klique-CSRF": "guess"}, {"X-Klique-CSRF": ""}):
         answer = browser.post(
             f"{server.url}/api/v1/tasks", json={"command": ["true"]}, headers=headers
@@ -221,3 +223,107 @@ def test_ldap_names_cannot_change_the_query(server_factory, ldap_url) -> None:
         for name in ("*", "a)(uid=*", "admin,dc=klique", "x\x00y"):
             answer = api.post("/auth/ldap", json={"user": name, "password": "x"})
             assert answer.status_code == 422, name
+
+
+def _ldap_login(server, user: str, password: str) -> httpx.Response:
+    with server.api() as api:
+        return api.post("/auth/ldap", json={"user": user, "password": password})
+
+
+def _full_width(text: str) -> str:
+    """The same letters and digits as full-width forms (U+FF01..U+FF5E)."""
+    return "".join(chr(ord(c) + 0xFEE0) if "!" <= c <= "~" else c for c in text)
+
+
+def test_another_spelling_of_an_ldap_name_is_the_same_user(server_factory, ldap_url) -> None:
+    """The directory matches uid ignoring case and surrounding spaces: the right password
+    under another spelling is the same person, never a second Klique user."""
+    server = server_factory(TEAMS_ESTATE + ldap_estate(ldap_url))
+    user, password = Directory(ldap_url).person(["cv-lab"])
+    spellings = [user.upper(), user.capitalize(), f" {user}", f"{user} ", _full_width(user)]
+    for spelling in spellings:
+        answer = _ldap_login(server, spelling, password)
+        assert answer.status_code == 201, (spelling, answer.text)
+        assert answer.json()["user"] == user, spelling
+        assert whoami(server, answer.json()["token"]).json()["user"] == user
+    with server.api() as admin:
+        people = {t["user"] for t in admin.get("/tokens").json() if t["kind"] == "user"}
+    assert people == {user}
+
+
+def test_failed_ldap_tries_under_every_spelling_count_together(server_factory, ldap_url) -> None:
+    server = server_factory(TEAMS_ESTATE + ldap_estate(ldap_url))
+    user, password = Directory(ldap_url).person(["cv-lab"])
+    spellings = [user, user.upper(), f" {user}", f"{user} ", _full_width(user)]
+    codes = [_ldap_login(server, spelling, "guess").status_code for spelling in spellings]
+    assert codes == [401] * 5
+    for spelling in (user, user.capitalize(), f"  {user}"):
+        refused = _ldap_login(server, spelling, password)  # even the right password, for now
+        assert refused.status_code == 429, (spelling, refused.text)
+        assert refused.json()["detail"] == "too many failed logins for this user; wait a minute"
+        assert 1 <= int(refused.headers["Retry-After"]) <= 60
+
+
+def test_one_address_trying_many_names_is_throttled(server_factory, ldap_url) -> None:
+    """One password sprayed over many names: each name fails once, the address many times."""
+    server = server_factory(TEAMS_ESTATE + ldap_estate(ldap_url))
+    user, password = Directory(ldap_url).person(["cv-lab"])
+    codes = [_ldap_login(server, f"nobody-{n}", password).status_code for n in range(20)]
+    assert codes == [401] * 20
+    refused = _ldap_login(server, user, password)
+    assert refused.status_code == 429, refused.text
+    assert refused.json()["detail"] == "too many failed logins from this address; wait a minute"
+    assert 1 <= int(refused.headers["Retry-After"]) <= 60
+    # A forwarding header is no way out: the server believes no proxy unless told to.
+    with server.api() as api:
+        forged = api.post(
+            "/auth/ldap",
+            json={"user": user, "password": password},
+            headers={"X-Forwarded-For": "192.0.2.7"},
+        )
+    assert forged.status_code == 429, forged.text
+    # Another address (127.0.0.0/8 is all loopback) is not slowed by this one's failures.
+    with from_address("127.0.0.7", server.url) as elsewhere:
+        answer = elsewhere.post("/api/v1/auth/ldap", json={"user": user, "password": password})
+    assert answer.status_code == 201, answer.text
+
+
+def from_address(address: str, base_url: str) -> httpx.Client:
+    """A client whose connections come from `address`, as a caller on another host would."""
+    return httpx.Client(
+        base_url=base_url, transport=httpx.HTTPTransport(local_address=address), timeout=30
+    )
+
+
+def test_the_sign_in_forms_failures_count_against_the_browsers_address(
+    server_factory, ldap_url
+) -> None:
+    """The web UI's form asks the API's LDAP login in-process: the failures it makes are the
+    browser's address's, not the server's own (which would slow every browser at once)."""
+    server = server_factory(TEAMS_ESTATE + ldap_estate(ldap_url))
+    user, password = Directory(ldap_url).person(["cv-lab"])
+    browser = from_address("127.0.0.9", server.url)
+    found = re.search(r'name="login_token" value="([^"]+)"', browser.get("/login").text)
+    assert found, "the sign-in page's form token"
+
+    def sign_in(name: str, secret: str) -> httpx.Response:
+        form = {"login_token": found[1], "ldap_user": name, "password": secret, "next": "/"}
+        return browser.post("/login", data=form)
+
+    codes = [sign_in(f"nobody-{n}", "guess").status_code for n in range(20)]
+    assert codes == [401] * 20
+    refused = sign_in(user, password)
+    assert refused.status_code == 401 and "too many failed logins from this address" in refused.text
+    assert _ldap_login(server, user, password).status_code == 201  # another address: not slowed
+
+
+def test_another_spelling_of_a_provider_name_is_the_same_user(sso_server) -> None:
+    server, realm = sso_server
+    password = realm.user("Carol.Smith", ["cv-lab"])
+    token = realm.device_tokens("Carol.Smith", password)["access_token"]
+    assert whoami(server, token).json()["user"] == "carol.smith"
+    realm.user("Not A Name", ["cv-lab"], password)
+    token = realm.device_tokens("Not A Name", password)["access_token"]
+    refused = whoami(server, token)
+    assert refused.status_code == 403
+    assert "'Not A Name' is not a Klique user name" in refused.json()["detail"]

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from batch_helpers import open_folder, sticky_job_root
+from confined_helper import confined_helper
 
 from broker import fileops
 from broker.errors import CommandFailed
@@ -26,13 +27,19 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="runs as alice and bob
 
 SECRET_TASK = b'{"report": {"token": "alice-secret-token"}}'
 FILES = {"task.json": (SECRET_TASK, 0o600), "job.sh": (b"#!/bin/sh\ntrue\n", 0o700)}
-HELPER = Path(__file__).resolve().parents[2] / "broker" / "helper.py"
 
 
 @pytest.fixture
 def job_root(test_users: Any) -> Any:
     with sticky_job_root("klique-many-attack-") as root:
         yield root
+
+
+@pytest.fixture
+def helper(job_root: Path) -> Any:
+    """The sudo helper, installed with the job root as its only one."""
+    with confined_helper([job_root]) as installed:
+        yield installed
 
 
 def name(n: int) -> str:
@@ -42,8 +49,12 @@ def name(n: int) -> str:
 class HelperTransport(LocalTransport):
     """The file operations through the sudo helper (run as the account by runuser)."""
 
+    def __init__(self, helper: Path) -> None:
+        super().__init__()
+        self.helper = helper
+
     def op(self, name: str, *args: str) -> list[str]:
-        return ["python3", str(HELPER), name, *args]
+        return [str(self.helper), name, *args]
 
 
 def submit_many(items: list[JobFolder]) -> list[Completed | Exception]:
@@ -95,7 +106,7 @@ def assert_only_alices_folders_written(job_root: Path, bobs: Path) -> None:
 
 @pytest.mark.parametrize("transport", ["scripts", "helper"])
 def test_an_arrays_folders_planted_by_another_account_are_never_written_into(
-    job_root: Path, transport: str
+    job_root: Path, helper: Path, transport: str
 ) -> None:
     """An array's element folders, all made in one command: bob makes two of the names first
     (a folder open to all, a link to one). Those two fail alone and stay empty; the others are
@@ -103,7 +114,7 @@ def test_an_arrays_folders_planted_by_another_account_are_never_written_into(
     bobs = open_folder(job_root.parent / "bobs")
     assert as_account("bob", "mkdir", "-m", "777", f"{job_root}/{name(2)}").returncode == 0
     assert as_account("bob", "ln", "-s", str(bobs), f"{job_root}/{name(3)}").returncode == 0
-    chosen = LocalTransport() if transport == "scripts" else HelperTransport()
+    chosen = LocalTransport() if transport == "scripts" else HelperTransport(helper)
     folders = [JobFolder(f"{job_root}/{name(n)}", FILES, ()) for n in (1, 2, 3, 4)]
     outcomes = asyncio.run(chosen.write_folders(folders, account="alice"))
     assert [type(o).__name__ for o in outcomes] == [
@@ -135,14 +146,15 @@ def test_a_folder_not_named_as_klique_names_job_folders_is_never_made(job_root: 
     assert not (job_root.parent / name(5)).exists()
 
 
-def test_the_helper_refuses_a_folder_not_named_as_klique_names_them(job_root: Path) -> None:
+def test_the_helper_refuses_a_folder_not_named_as_klique_names_them(
+    job_root: Path, helper: Path
+) -> None:
     """The sudo helper, called as alice with a name the transport would never send: nothing
     is made, and it says so by its exit code."""
     tar = fileops.tar_of(FILES)
     for names in ([f"../{name(9)}"], ["evil"], [name(11), f"x/{name(12)}"]):
         done = subprocess.run(
-            ["runuser", "-u", "alice", "--", "python3", str(HELPER), "unpack-each"]
-            + [str(job_root), *names],
+            ["runuser", "-u", "alice", "--", str(helper), "unpack-each"] + [str(job_root), *names],
             input=tar,
             capture_output=True,
             check=False,

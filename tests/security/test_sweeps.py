@@ -106,7 +106,7 @@ def test_a_batch_of_steps_goes_only_under_the_callers_own_task(attack_factory) -
             "/sdk/tasks/batch", json={"tasks": [step, {**step, "parent": alices}]}
         )
         reading = job.post("/sdk/tasks/batch", json={"tasks": [{**step, "inputs": [theirs]}]})
-        assert under_alice.status_code == 403 and "tasks[1]" in under_alice.json()["detail"]
+        assert under_alice.status_code == 404 and "tasks[1]" in under_alice.json()["detail"]
         assert reading.status_code == 404 and "tasks[0]" in reading.json()["detail"]
         assert job.get(f"/sdk/tasks/{bobs}/steps").json() == []  # all or none: none
         made = job.post("/sdk/tasks/batch", json={"tasks": [step, step]})

@@ -11,10 +11,10 @@ import importlib.util
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from confined_helper import confined_helper
 
 from broker.errors import EstateError
 from broker.estate import parse_estate
@@ -106,16 +106,19 @@ STEPS = [
 
 
 def seen_by(program: str, step: str, by: str, tmp_path: Path) -> dict[str, str]:
-    """The environment `program` starts with, run by this submit step."""
-    env = {**POLLUTED, "PATH": f"{fake_submit(tmp_path)}:/usr/bin:/bin", "HOME": "/home/a"}
-    argv = ["sh", "-c", SCRIPTS[step], "sh"] if by == "shell" else [sys.executable, HELPER, step]
+    """The environment `program` starts with, run by this submit step (the helper installed
+    with tmp_path as its job root, and the fakes as the scheduler's commands)."""
+    fakes = fake_submit(tmp_path)
+    env = {**POLLUTED, "PATH": f"{fakes}:/usr/bin:/bin", "HOME": "/home/a"}
     stdin = b""
-    if step == "unpack":
-        stdin = tar_of({"job.sh": (b"#!/bin/sh\n", 0o700)})
-        argv += [str(tmp_path / "job"), program, "job.sh"]
-    else:
-        argv += ["2", program, "job.sh"]
-    done = subprocess.run(argv, input=stdin, env=env, capture_output=True, check=True)
+    with confined_helper([tmp_path], scheduler_path=str(fakes)) as helper:
+        argv = ["sh", "-c", SCRIPTS[step], "sh"] if by == "shell" else [str(helper), step]
+        if step == "unpack":
+            stdin = tar_of({"job.sh": (b"#!/bin/sh\n", 0o700)})
+            argv += [str(tmp_path / "job"), program, "job.sh"]
+        else:
+            argv += ["2", program, "job.sh"]
+        done = subprocess.run(argv, input=stdin, env=env, capture_output=True, check=True)
     printed = done.stdout.decode()
     if step == "submit-each":
         answer = ITEM_LINE.fullmatch(printed.strip())

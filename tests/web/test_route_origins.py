@@ -1,0 +1,150 @@
+"""Routes on their own origin, in a real browser (Debian's headless Chromium): the page of an app,
+shown to its own owner (unsandboxed) on the route's host under a wildcard domain, tries what the
+page behind bob's link could when routes shared the UI's origin: read Klique's cookies, call the
+API as the viewer, and read another of the viewer's routes. The browser's own origin rules
+refuse each. Without a wildcard domain (routes on the second listener, one origin for all),
+the API is still another origin, and the proxy refuses one route's page asking another."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from app_helpers import chromium, echo_command, launch, stop, wait_ready
+from conftest import HOST_ACCESS, TASK_PY, wait_for
+from selenium.webdriver.common.by import By
+
+from .conftest import _chromium
+
+DOMAIN = "routes.test"
+ESTATE = (
+    "teams:\n  vision: [alice]\n"
+    "resources:\n  cpu:\n    profile: {cpus: 1, memory: 200M, walltime: 10m, pools: [p]}\n"
+    f"pools:\n  p:\n    kind: host\n    slots: 4\n    {HOST_ACCESS}\n"
+    "apps: {catalogue: $CATALOGUE}\n"
+)
+# Run in the app's page: each attempt answers what the page got, or "refused" when the browser
+# refused it (a fetch that CORS refuses rejects with a TypeError).
+ATTEMPT = """
+const [url, init, done] = [arguments[0], arguments[1], arguments[arguments.length - 1]];
+fetch(url, init).then(r => r.text().then(t => done(r.status + " " + t)), () => done("refused"));
+"""
+
+
+@pytest.fixture
+def site(server_factory, tmp_path: Path) -> Any:
+    """A server with routes under the wildcard domain routes.test, and alice's token."""
+    _chromium()
+    server = server_factory(estate(tmp_path), server_args=["--routes-domain", DOMAIN])
+    return server, server.make_token("alice")
+
+
+def estate(folder: Path) -> str:
+    """A host pool, and a catalogue whose `echo-session` is the echo app named by `name`."""
+    catalogue = folder / "catalogue"
+    catalogue.mkdir()
+    session = {
+        "kind": "session",
+        "form": {"type": "object", "properties": {"name": {"type": "string"}}},
+        "command": [TASK_PY, "-c", echo_command("x")[2], "{port}", "{name}"],
+    }
+    (catalogue / "echo-session.yaml").write_text(json.dumps(session))
+    return ESTATE.replace("$CATALOGUE", str(catalogue))
+
+
+def signed_in(browser: Any, server: Any, token: str) -> None:
+    browser.get(f"{server.url}/login?next=/apps")
+    browser.find_element(By.ID, "token").send_keys(token)
+    browser.find_element(By.CSS_SELECTOR, "form button[type=submit]").click()
+    wait_for(lambda: browser.current_url == f"{server.url}/apps", 30, "the apps page")
+
+
+def test_an_apps_page_cannot_reach_klique_or_another_route(site) -> None:
+    server, alice = site
+    mine = launch(server, alice, "echo-session", params={"name": "mine"})
+    other = launch(server, alice, "echo-session", params={"name": "other"})
+    for task in (mine, other):
+        wait_ready(server, alice, task["id"])
+    port = server.routes_url.rsplit(":", 1)[1]
+
+    def address(task: dict[str, Any], rest: str = "") -> str:
+        name = task["path"].split("/")[2]
+        return f"http://{name}.{DOMAIN}:{port}{task['path']}{rest}"
+
+    with chromium(f"--host-resolver-rules=MAP *.{DOMAIN} 127.0.0.1") as browser:
+        signed_in(browser, server, alice)
+        # The UI's own page holds no script-readable cookie: the CSRF token is in the page.
+        assert "klique_" not in browser.execute_script("return document.cookie")
+        # Opened from the UI, as the apps page's link does: each on its own host, by a code.
+        for task in (other, mine):
+            browser.get(f"{server.url}{task['path']}page")
+            wait_for(lambda t=task: browser.current_url == address(t, "page"), 30, "the route")
+        assert browser.find_element(By.TAG_NAME, "p").text == "mine"
+
+        # The app's page sets a cookie of its own (document.cookie works), but sees none of
+        # Klique's: the route's is HttpOnly, the UI's are another host's.
+        set_cookie = browser.execute_async_script(ATTEMPT, address(mine, "set-cookie"), {})
+        assert set_cookie.startswith("200 ")
+        cookies = browser.execute_script("return document.cookie")
+        assert "app_cookie=fine" in cookies and "klique" not in cookies.lower(), cookies
+
+        # The API as the viewer: refused by CORS; a write sent blind carries no session.
+        whoami = {"credentials": "include"}
+        assert browser.execute_async_script(ATTEMPT, f"{server.url}/api/v1/whoami", whoami) == (
+            "refused"
+        )
+        blind = {
+            "method": "POST",
+            "credentials": "include",
+            "mode": "no-cors",
+            "body": json.dumps({"name": "from-an-app", "resource": "cpu", "command": ["true"]}),
+        }
+        browser.execute_async_script(ATTEMPT, f"{server.url}/api/v1/tasks", blind)
+        with server.api(alice) as api:
+            names = [t["name"] for t in api.get("/tasks").json()]
+        assert "from-an-app" not in names
+
+        # Another of alice's routes, which this browser has open: refused by CORS.
+        assert browser.execute_async_script(ATTEMPT, address(other), whoami) == "refused"
+        # ...while the same request from that route's own page is answered (the cookie works).
+        browser.get(address(other, "page"))
+        assert browser.execute_async_script(ATTEMPT, address(other), whoami).startswith("200 ")
+    for task in (mine, other):
+        stop(server, alice, task["id"])
+
+
+def test_without_a_wildcard_domain_a_routes_page_cannot_read_another_route(
+    server_factory, tmp_path: Path
+) -> None:
+    """Routes on the second listener share one origin: the browser lets one route's page ask
+    another's, so the proxy refuses a request whose Referer is not the route's own page."""
+    _chromium()
+    server = server_factory(estate(tmp_path))
+    alice = server.make_token("alice")
+    mine = launch(server, alice, "echo-session", params={"name": "mine"})
+    other = launch(server, alice, "echo-session", params={"name": "other"})
+    for task in (mine, other):
+        wait_ready(server, alice, task["id"])
+    with chromium() as browser:
+        signed_in(browser, server, alice)
+        for task in (other, mine):
+            browser.get(f"{server.url}{task['path']}page")
+            want = f"{server.routes_url}{task['path']}page"
+            wait_for(lambda w=want: browser.current_url == w, 30, "the route")
+        browser.refresh()  # a reload of the route's page still opens it
+        assert browser.find_element(By.TAG_NAME, "p").text == "mine"
+        same = {"credentials": "include"}
+        own = browser.execute_async_script(ATTEMPT, f"{server.routes_url}{mine['path']}", same)
+        assert own.startswith("200 "), own
+        theirs = browser.execute_async_script(ATTEMPT, f"{server.routes_url}{other['path']}", same)
+        assert theirs.startswith("403 ") and "another route's page" in theirs, theirs
+        quiet = {**same, "referrerPolicy": "no-referrer"}
+        hidden = browser.execute_async_script(ATTEMPT, f"{server.routes_url}{other['path']}", quiet)
+        assert hidden.startswith("403 "), hidden
+        # The API, on the UI's port: another origin, refused by CORS.
+        whoami = browser.execute_async_script(ATTEMPT, f"{server.url}/api/v1/whoami", same)
+        assert whoami == "refused"
+    for task in (mine, other):
+        stop(server, alice, task["id"])
