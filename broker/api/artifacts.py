@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import AsyncIterator
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi import Path as PathParam
@@ -17,6 +17,7 @@ from broker.api.auth import ActorAuth, scheduler_of
 from broker.api.schemas import ArtifactOut
 from broker.api.sdk import TaskId, acts_on, find, reads
 from broker.artifacts import ArtifactStore, TooLarge, too_large
+from broker.asgi import Scope
 from broker.bounds import OverBound, artifacts_problem
 from broker.domain import Limits
 from broker.errors import NotFound
@@ -31,7 +32,7 @@ _BINARY = {
 }
 
 
-def streams_itself(scope: dict[str, Any]) -> bool:
+def streams_itself(scope: Scope) -> bool:
     return scope.get("method") == "PUT" and bool(STREAMED.match(scope.get("path", "")))
 
 

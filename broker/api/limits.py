@@ -3,14 +3,10 @@ before any handler reads it, whether it says its length or streams in chunks."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from typing import Any
 
-Scope = dict[str, Any]
-Message = dict[str, Any]
-Receive = Callable[[], Any]
-Send = Callable[[Message], Any]
+from broker.asgi import Message, Receive, Scope, Send, answer
 
 
 class BodyLimit:
@@ -29,10 +25,10 @@ class BodyLimit:
         declared = dict(scope.get("headers") or ()).get(b"content-length")
         if declared is not None:
             if not declared.isdigit():
-                await _refuse(send, 400, "the Content-Length header is not a number")
+                await answer(send, 400, "the Content-Length header is not a number")
                 return
             if int(declared) > limit:
-                await _refuse(send, 413, _too_large(int(declared), limit))
+                await answer(send, 413, _too_large(int(declared), limit))
                 return
             await self.app(scope, receive, send)
             return
@@ -47,7 +43,7 @@ class BodyLimit:
             body += message.get("body", b"")
             more = message.get("more_body", False)
             if len(body) > limit:
-                await _refuse(send, 413, _too_large(len(body), limit, at_least=True))
+                await answer(send, 413, _too_large(len(body), limit, at_least=True))
                 return
         replay = {"type": "http.request", "body": bytes(body), "more_body": False}
         await self.app(scope, _replay([replay], receive), send)
@@ -71,18 +67,3 @@ def _replay(messages: list[Message], then: Receive) -> Receive:
         return await then()
 
     return replayed
-
-
-async def _refuse(send: Send, status: int, detail: str) -> None:
-    body = json.dumps({"detail": detail}).encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})

@@ -15,9 +15,8 @@ On the routes' origin, nothing but routes is served.
 
 from __future__ import annotations
 
-import json
 import re
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any
 from urllib.parse import urlsplit
@@ -27,6 +26,7 @@ from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
 from broker.api.auth import SESSION_COOKIE, UNKNOWN_CALLER, bearer, caller_of, identities_of
+from broker.asgi import ASGIApp, Receive, Scope, Send, answer
 from broker.identity.resolve import Caller, Identities, Refused
 from broker.names import NAME
 from broker.routes import headers as passing
@@ -39,11 +39,6 @@ from broker.routes.auth import (
     proof_of_token,
 )
 from broker.routes.hub import Hub
-
-Scope = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
-Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 WILDCARD = "*"
 NAME_RE = re.compile(NAME)
@@ -214,20 +209,7 @@ async def _say(
     if scope["type"] == "websocket":
         await send({"type": "websocket.close", "code": 1008})
         return
-    body = json.dumps({"detail": detail}).encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-                (b"cache-control", b"no-store"),
-                *(headers or []),
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})
+    await answer(send, status, detail, [(b"cache-control", b"no-store"), *(headers or [])])
 
 
 # The API: a code for programs that open a route in a browser (`klique app open`).

@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import re
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 from urllib.parse import parse_qsl
 
 from broker.api.auth import SAFE, SESSION_COOKIE, Caller, needed_scope, scope_problem
+from broker.asgi import Receive, Scope, Send, answer
 from broker.identity.resolve import Identities, Refused
 from broker.names import NAME
 from broker.routes import headers as passing
@@ -37,10 +37,6 @@ from broker.routes.hub import (
     close_payload,
 )
 from inside_job import frames
-
-Scope = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
-Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 PREFIX = b"/routes/"
 _NAME = re.compile(NAME.encode())
@@ -146,7 +142,7 @@ class RouteProxy:
             target = Target(scope)
             if not target.slash:
                 location = target.raw + b"/" + (b"?" + target.query if target.query else b"")
-                await _answer(
+                await answer(
                     send, 308, "the route's address ends with /", [(b"location", location)]
                 )
                 return
@@ -157,7 +153,7 @@ class RouteProxy:
                 self._same_route(scope, target)
             await self._forward(scope, receive, send, target, caller, route)
         except Refusal as exc:
-            await _answer(send, exc.status, exc.detail, exc.headers)
+            await answer(send, exc.status, exc.detail, exc.headers)
 
     def _same_route(self, scope: Scope, target: Target) -> None:
         """A request made with the route's cookie comes from the route's own pages, or from a
@@ -199,8 +195,8 @@ class RouteProxy:
         location = target.raw + (b"?" + rest.encode() if rest else b"")
         secure = scope.get("scheme") == "https"
         cookie = cookie_header(session, target.name, secure).encode()
-        answer = [(b"location", location), (b"set-cookie", cookie), (b"cache-control", b"no-store")]
-        await _answer(send, 303, "signed in to the route", answer)
+        signed = [(b"location", location), (b"set-cookie", cookie), (b"cache-control", b"no-store")]
+        await answer(send, 303, "signed in to the route", signed)
         return True
 
     def _browser_user(self, scope: Scope) -> str | None:
@@ -512,21 +508,3 @@ class RequestBody:
             if message["type"] == "http.disconnect":
                 self.gone = True
                 raise CallerGone()
-
-
-async def _answer(
-    send: Send, status: int, detail: str, headers: list[tuple[bytes, bytes]] | None = None
-) -> None:
-    body = json.dumps({"detail": detail}).encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-                *(headers or []),
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})
