@@ -4,25 +4,36 @@ transfer read promptly, and a 1 GiB upload, in MiB/s. `route_flood.py 256` moves
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import socket
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
-import httpx
-from _common import klique_server, last_line
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT / "tests")]
 
-MiB = 1024 * 1024
-BLOCK = 64 * 1024
+import httpx  # noqa: E402
+from _common import klique_server, last_line  # noqa: E402
+from flood_helpers import (  # noqa: E402
+    BLOCK,
+    FLOOD_APP,
+    MiB,
+    block,
+    expected_sha256,
+    http_catalogue,
+    pushed_so_far,
+    raw_request,
+    read_body,
+    read_head,
+    read_to_end,
+    rss,
+    rss_peak,
+)
+
 PUSH = int(sys.argv[1] if len(sys.argv) > 1 else 1024) * MiB  # `route_flood.py [MiB]`
 STALL_S = 10.0  # how long the slow caller reads nothing
 # A server run as root runs no task as root: its host pool runs the admin's tasks as alice.
@@ -38,80 +49,6 @@ pools:
 apps: {{catalogue: {catalogue}}}
 limits: {{max_request: 2048}}
 """
-ENDPOINT = {
-    "kind": "endpoint",
-    "form": {"type": "object", "properties": {"command": {"type": "array"}}},
-    "command": ["{command}"],
-}
-# GET /push/N: N blocks of 64 KiB (block i is its number, 8 bytes, repeated), counting what its
-# socket took; GET /: that count; POST: reads its body and answers its length and SHA-256.
-FLOOD_APP = r"""
-import hashlib, http.server, json, sys
-port = int(sys.argv[1])
-pushed = [0]
-class App(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        if self.path.startswith("/push/"):
-            blocks = int(self.path.rsplit("/", 1)[1])
-            self.send_response(200)
-            self.send_header("Content-Length", str(blocks * 65536))
-            self.end_headers()
-            for i in range(blocks):
-                self.wfile.write(i.to_bytes(8, "big") * 8192)
-                pushed[0] += 65536
-            return
-        self._json({"pushed": pushed[0]})
-    def do_POST(self):
-        left = int(self.headers["Content-Length"])
-        digest, received = hashlib.sha256(), 0
-        while left:
-            piece = self.rfile.read(min(65536, left))
-            if not piece:
-                break
-            digest.update(piece)
-            received += len(piece)
-            left -= len(piece)
-        self._json({"received": received, "sha256": digest.hexdigest()})
-    def _json(self, doc):
-        body = json.dumps(doc).encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-    def log_message(self, *args):
-        pass
-http.server.ThreadingHTTPServer(("127.0.0.1", port), App).serve_forever()
-"""
-
-
-def block(i: int) -> bytes:
-    return i.to_bytes(8, "big") * (BLOCK // 8)
-
-
-def rss(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise SystemExit(f"no VmRSS for process {pid}")
-
-
-@contextmanager
-def rss_samples(pid: int) -> Iterator[list[int]]:
-    """The process's RSS every 50 ms while the block runs."""
-    samples = [rss(pid)]
-    done = threading.Event()
-
-    def sample() -> None:
-        while not done.wait(0.05):
-            samples.append(rss(pid))
-
-    thread = threading.Thread(target=sample, daemon=True)
-    thread.start()
-    try:
-        yield samples
-    finally:
-        done.set()
-        thread.join(5)
 
 
 class Route:
@@ -119,54 +56,18 @@ class Route:
         self.url, self.path, self.token = url, path, token
 
     def pushed(self) -> int:
-        answer = httpx.get(
-            self.url + self.path, headers={"Authorization": f"Bearer {self.token}"}, timeout=60
-        )
-        if answer.status_code != 200:
-            raise SystemExit(f"the route answered {answer.status_code}: {answer.text}")
-        return int(answer.json()["pushed"])
+        return pushed_so_far(self.url + self.path, self.token)
 
     def request(self, head: str) -> socket.socket:
-        where = urlsplit(self.url)
-        sock = socket.socket()
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16 * 1024)
-        sock.connect((where.hostname, where.port))
-        sock.sendall(
-            f"{head}\r\nHost: {where.netloc}\r\nAuthorization: Bearer {self.token}\r\n"
-            "Connection: close\r\n\r\n".encode()
-        )
-        return sock
+        return raw_request(self.url, head, self.token)
 
 
-def read_head(sock: socket.socket) -> bytes:
-    data = b""
-    while b"\r\n\r\n" not in data:
-        piece = sock.recv(BLOCK)
-        if not piece:
-            raise SystemExit(f"the answer ended in its head: {data!r}")
-        data += piece
-    head, _, rest = data.partition(b"\r\n\r\n")
+def read_ok(sock: socket.socket) -> bytes:
+    """What came after the head of a 200 answer."""
+    head, rest = read_head(sock)
     if not head.startswith(b"HTTP/1.1 200"):
         raise SystemExit(f"the route answered {head!r}")
     return rest
-
-
-def read_rest(sock: socket.socket, got: bytes, total: int) -> str:
-    digest, size = hashlib.sha256(got), len(got)
-    while size < total:
-        piece = sock.recv(MiB)
-        if not piece:
-            raise SystemExit(f"the answer ended after {size} of {total} bytes")
-        digest.update(piece)
-        size += len(piece)
-    return digest.hexdigest()
-
-
-def expected_sha256(blocks: int) -> str:
-    digest = hashlib.sha256()
-    for i in range(blocks):
-        digest.update(block(i))
-    return digest.hexdigest()
 
 
 def prompt_push(route: Route, pid: int) -> dict[str, Any]:
@@ -174,12 +75,12 @@ def prompt_push(route: Route, pid: int) -> dict[str, Any]:
     blocks = PUSH // BLOCK
     start = rss(pid)
     t0 = time.perf_counter()
-    with rss_samples(pid) as samples:
+    with rss_peak(pid) as peak:
         sock = route.request(f"GET {route.path}push/{blocks} HTTP/1.1")
-        read_rest(sock, read_head(sock), PUSH)
+        read_body(sock, read_ok(sock), PUSH)
         sock.close()
     seconds = time.perf_counter() - t0
-    return {"mib_s": round(PUSH / MiB / seconds, 1), "growth_mib": mib(max(samples) - start)}
+    return {"mib_s": round(PUSH / MiB / seconds, 1), "growth_mib": mib(peak() - start)}
 
 
 def stalled_push(route: Route, pid: int, expected: str) -> dict[str, Any]:
@@ -188,20 +89,20 @@ def stalled_push(route: Route, pid: int, expected: str) -> dict[str, Any]:
     before = route.pushed()  # the app counts every push it has served
     start = rss(pid)
     t0 = time.perf_counter()
-    with rss_samples(pid) as samples:
+    with rss_peak(pid) as peak:
         sock = route.request(f"GET {route.path}push/{blocks} HTTP/1.1")
-        got = read_head(sock)
+        got = read_ok(sock)
         time.sleep(STALL_S)
         during_stall = route.pushed() - before
         print(f"after {STALL_S:g} s unread: the app has pushed {mib(during_stall)} MiB", flush=True)
-        digest = read_rest(sock, got, PUSH)
+        digest = read_body(sock, got, PUSH)
         sock.close()
     if digest != expected:
         raise SystemExit("the caller's bytes differ from the app's")
     return {
         "rss_start_mib": mib(start),
-        "rss_peak_mib": mib(max(samples)),
-        "growth_mib": mib(max(samples) - start),
+        "rss_peak_mib": mib(peak()),
+        "growth_mib": mib(peak() - start),
         "bytes_pushed": PUSH,
         "seconds": round(time.perf_counter() - t0, 1),
         "stall_s": STALL_S,
@@ -214,18 +115,16 @@ def upload(route: Route, pid: int, expected: str) -> dict[str, Any]:
     blocks = PUSH // BLOCK
     start = rss(pid)
     t0 = time.perf_counter()
-    with rss_samples(pid) as samples:
+    with rss_peak(pid) as peak:
         sock = route.request(f"POST {route.path}upload HTTP/1.1\r\nContent-Length: {PUSH}")
         for i in range(blocks):
             sock.sendall(block(i))
-        rest = read_head(sock)
-        while piece := sock.recv(BLOCK):
-            rest += piece
+        rest = read_to_end(sock, read_ok(sock))
         sock.close()
     seconds = time.perf_counter() - t0
     if json.loads(rest) != {"received": PUSH, "sha256": expected}:
         raise SystemExit(f"the app received otherwise: {rest!r}")
-    return {"mib_s": round(PUSH / MiB / seconds, 1), "growth_mib": mib(max(samples) - start)}
+    return {"mib_s": round(PUSH / MiB / seconds, 1), "growth_mib": mib(peak() - start)}
 
 
 def mib(n: int) -> float:
@@ -258,11 +157,10 @@ def main() -> None:
     expected = expected_sha256(PUSH // BLOCK)
     with tempfile.TemporaryDirectory(prefix="klique-flood-") as scratch:
         os.chmod(scratch, 0o755)  # the job root inside is entered by the mapped account
-        job_root, catalogue = Path(scratch) / "jobs", Path(scratch) / "catalogue"
+        job_root = Path(scratch) / "jobs"
         job_root.mkdir()
         job_root.chmod(0o1777)
-        catalogue.mkdir()
-        (catalogue / "http.yaml").write_text(json.dumps(ENDPOINT))
+        catalogue = http_catalogue(Path(scratch) / "catalogue")
         estate = ESTATE.format(job_root=job_root, catalogue=catalogue)
         with klique_server(estate) as (api, home):
             pid = int((home / "bench-server.pid").read_text())
@@ -290,4 +188,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except ConnectionError as e:  # the route or the app broke off
+        raise SystemExit(str(e)) from None

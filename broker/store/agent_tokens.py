@@ -5,8 +5,6 @@ digests; an id (`agent-` and the digest's start) names a token in listings and r
 from __future__ import annotations
 
 import json
-import secrets
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -14,11 +12,8 @@ from sqlalchemy import select
 
 from broker.errors import NotFound
 from broker.names import AGENT_ID_PREFIX
-from broker.store.repository import Store, token_digest
+from broker.store.repository import Store, add_token_row, find_token_row
 from broker.store.tables import AgentTokenRow
-
-# How often a token's last use is written: an agent calls every few seconds.
-_TOUCH_EVERY_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -42,37 +37,19 @@ class AgentTokens:
 
     def add(self, pools: Sequence[str], expires_at: float) -> tuple[str, AgentTokenInfo]:
         """A new random token (256 bits) for these pools, and what is kept of it."""
-        token = secrets.token_urlsafe(32)
-        digest = token_digest(token)
-        row = AgentTokenRow(
-            digest=digest,
-            id=AGENT_ID_PREFIX + digest[:16],
+        return add_token_row(
+            self.store,
+            AgentTokenRow,
+            _info,
+            id_prefix=AGENT_ID_PREFIX,
             pools=json.dumps(sorted(set(pools))),
             expires_at=expires_at,
-            revoked=False,
-            created_at=time.time(),
         )
-        with self.store._tx() as session:
-            session.add(row)
-            session.flush()
-            return token, _info(row)
 
     def find(self, token: str) -> AgentTokenInfo | None:
         """What is kept of `token`, revoked and expired ones too (the caller says which); its
         use is noted at most once a minute."""
-        digest = token_digest(token)
-        with self.store._sessions() as session:
-            row = session.get(AgentTokenRow, digest)
-            if row is None:
-                return None
-            found = _info(row)
-        now = time.time()
-        if found.last_used_at is None or now - found.last_used_at > _TOUCH_EVERY_S:
-            with self.store._tx() as session:
-                row = session.get(AgentTokenRow, digest)
-                if row is not None:
-                    row.last_used_at = now
-        return found
+        return find_token_row(self.store, AgentTokenRow, token, _info)
 
     def all(self) -> list[AgentTokenInfo]:
         query = select(AgentTokenRow).order_by(AgentTokenRow.created_at)

@@ -15,11 +15,8 @@ from dataclasses import dataclass
 from sqlalchemy import delete, func, select
 
 from broker.errors import NotFound
-from broker.store.repository import Store, token_digest
+from broker.store.repository import Store, add_token_row, find_token_row, token_digest
 from broker.store.tables import SessionRow, TokenRow
-
-# How often a token's last use is written: a write per request would queue every reader.
-_TOUCH_EVERY_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -69,11 +66,10 @@ class IdentityStore:
         expires_at: float | None = None,
     ) -> tuple[str, TokenInfo]:
         """A new random token (256 bits) and what is kept of it."""
-        token = secrets.token_urlsafe(32)
-        digest = token_digest(token)
-        row = TokenRow(
-            digest=digest,
-            id=digest[:16],
+        return add_token_row(
+            self.store,
+            TokenRow,
+            _token,
             user=user,
             admin=kind == "admin",
             kind=kind,
@@ -81,29 +77,12 @@ class IdentityStore:
             team=team,
             groups=json.dumps(sorted(set(groups))),
             expires_at=expires_at,
-            revoked=False,
-            created_at=time.time(),
         )
-        with self.store._tx() as session:
-            session.add(row)
-            session.flush()
-            return token, _token(row)
 
     def token(self, token: str) -> TokenInfo | None:
-        """What is kept of `token` (revoked and expired ones too: the caller says which)."""
-        digest = token_digest(token)
-        with self.store._sessions() as session:
-            row = session.get(TokenRow, digest)
-            if row is None:
-                return None
-            found = _token(row)
-        now = time.time()
-        if found.last_used_at is None or now - found.last_used_at > _TOUCH_EVERY_S:
-            with self.store._tx() as session:
-                row = session.get(TokenRow, digest)
-                if row is not None:
-                    row.last_used_at = now
-        return found
+        """What is kept of `token` (revoked and expired ones too: the caller says which); its
+        use is noted at most once a minute."""
+        return find_token_row(self.store, TokenRow, token, _token)
 
     def tokens(self, user: str | None = None) -> list[TokenInfo]:
         query = select(TokenRow).order_by(TokenRow.created_at)

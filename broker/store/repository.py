@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import secrets
 import threading
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 from sqlalchemy import Engine, create_engine, event, func, insert, select
 from sqlalchemy.orm import Session, sessionmaker, undefer
@@ -31,6 +32,7 @@ from broker.errors import NotFound
 from broker.store.changes import TOUCHED, Changes, track
 from broker.store.records import RecordMethods
 from broker.store.tables import (
+    AgentTokenRow,
     LedgerRow,
     ScalarRow,
     SweepRow,
@@ -115,6 +117,58 @@ def _engine(url: str) -> Engine:
 def token_digest(token: str) -> str:
     """What the store keeps of a token: its SHA-256 (tokens are random, so no salt is needed)."""
     return hashlib.sha256(token.encode()).hexdigest()
+
+
+# The tables of tokens: Klique's (users, service users, admins) and the agents'.
+TokenTable = TypeVar("TokenTable", TokenRow, AgentTokenRow)
+Kept = TypeVar("Kept")
+
+# How often a token's last use is written: a write per use would queue every reader.
+TOKEN_TOUCH_EVERY_S = 60.0
+
+
+def add_token_row(
+    store: Store,
+    table: type[TokenTable],
+    kept: Callable[[TokenTable], Kept],
+    id_prefix: str = "",
+    **fields: Any,
+) -> tuple[str, Kept]:
+    """A new random token (256 bits), its row in `table` made with `fields`, and what is kept
+    of it. Its id is `id_prefix` and the digest's start."""
+    token = secrets.token_urlsafe(32)
+    digest = token_digest(token)
+    row = table(
+        digest=digest,
+        id=id_prefix + digest[:16],
+        revoked=False,
+        created_at=time.time(),
+        **fields,
+    )
+    with store._tx() as session:
+        session.add(row)
+        session.flush()
+        return token, kept(row)
+
+
+def find_token_row(
+    store: Store, table: type[TokenTable], token: str, kept: Callable[[TokenTable], Kept]
+) -> Kept | None:
+    """What is kept of `token` in `table`, revoked and expired ones too (the caller says which);
+    its use is noted at most once a minute."""
+    digest = token_digest(token)
+    with store._sessions() as session:
+        row = session.get(table, digest)
+        if row is None:
+            return None
+        found, last_used_at = kept(row), row.last_used_at
+    now = time.time()
+    if last_used_at is None or now - last_used_at > TOKEN_TOUCH_EVERY_S:
+        with store._tx() as session:
+            row = session.get(table, digest)
+            if row is not None:
+                row.last_used_at = now
+    return found
 
 
 class Store(RecordMethods):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import sys
+from pathlib import Path
 
 from conftest import wait_for
 from runner_helpers import (
@@ -121,10 +122,8 @@ def test_a_long_tasks_start_reaches_the_server_while_it_runs(tmp_path):
 CHATTY = "import time\nfor i in range(20):\n    print('line', i, flush=True)\n    time.sleep(0.1)\n"
 
 
-def test_a_report_refused_for_good_stops_the_reports_quietly(tmp_path):
-    """409 (the task has ended) or 401 (a requeue retired the token): the attempt is over, so
-    the runner sends nothing more and its job ends as it would have."""
-    sink = ReportSink(status=409)
+def run_chatty(tmp_path: Path, sink: ReportSink) -> Path:
+    """CHATTY's job, run to its end reporting to `sink` (closed after)."""
     try:
         job = make_job(
             tmp_path,
@@ -134,6 +133,14 @@ def test_a_report_refused_for_good_stops_the_reports_quietly(tmp_path):
         assert run_runner(job).returncode == 0
     finally:
         sink.close()
+    return job
+
+
+def test_a_report_refused_for_good_stops_the_reports_quietly(tmp_path):
+    """409 (the task has ended) or 401 (a requeue retired the token): the attempt is over, so
+    the runner sends nothing more and its job ends as it would have."""
+    sink = ReportSink(status=409)
+    job = run_chatty(tmp_path, sink)
     assert read_json(job, "exit.json")["outcome"] == "completed"
     assert len(sink.posts) == 1, sink.posts
 
@@ -153,15 +160,7 @@ class BoundedSink(ReportSink):
 
 def test_a_report_past_a_bound_still_sends_the_state_and_the_exit(tmp_path):
     sink = BoundedSink()
-    try:
-        job = make_job(
-            tmp_path,
-            command=[sys.executable, "-c", CHATTY],
-            report={"url": sink.url, "token": "t"},
-        )
-        assert run_runner(job).returncode == 0
-    finally:
-        sink.close()
+    job = run_chatty(tmp_path, sink)
     assert sink.states()[-1] == "done"
     assert [p["exit"] for p in sink.posts if "exit" in p] == [read_json(job, "exit.json")]
     # After the first refusal, console and scalars stay in the job's folder only.

@@ -66,6 +66,51 @@ def host_estate(slots: int = 4, **settings: str) -> str:
     )
 
 
+# Two host pools, a and b, each served by its own `klique agent`.
+REMOTE_POOLS = f"""
+resources:
+  a: {{profile: {{cpus: 1, memory: 200M, walltime: 10m, pools: [a]}}}}
+  b: {{profile: {{cpus: 1, memory: 200M, walltime: 10m, pools: [b]}}}}
+pools:
+  a:
+    kind: host
+    agent: remote
+    {HOST_ACCESS}
+  b:
+    kind: host
+    agent: remote
+    {HOST_ACCESS}
+"""
+
+
+@pytest.fixture
+def remote_pools(
+    server_factory: Callable[..., Server],
+) -> tuple[Server, dict[str, str], dict[str, int], str]:
+    """A server with REMOTE_POOLS, an agent token for each pool, alice's task placed in each,
+    and alice's token."""
+    server = server_factory(REMOTE_POOLS)
+    with server.api() as api:
+        tokens = {
+            pool: api.post("/agent-tokens", json={"pools": [pool]}).json()["token"]
+            for pool in ("a", "b")
+        }
+    for pool, token in tokens.items():
+        with server.api(token) as agent:
+            published = {"op": "published", "state": {"free_slots": 4}}
+            answer = agent.post(f"/agent/pools/{pool}/calls", json={"calls": [published]})
+            answer.raise_for_status()
+    alice = server.make_token("alice")
+    ids = {}
+    with server.api(alice) as api:
+        for pool in ("a", "b"):
+            made = api.post("/tasks", json={"command": ["true"], "resource": pool})
+            ids[pool] = made.json()["id"]
+    for task_id in ids.values():
+        server.wait_state(task_id, {"placed"})
+    return server, tokens, ids, alice
+
+
 # The pools an attack may run on; those on Slurm use the shared cluster (marker slurm: they join
 # its worker in a parallel run, tests/conftest.py).
 SLURM = pytest.param("slurm", marks=pytest.mark.slurm, id="slurm")

@@ -12,49 +12,11 @@ import sys
 import time
 from typing import Any
 
-import pytest
 from conftest import HOST_ACCESS, ROOT, wait_for
 
 from broker.estate import parse_estate
 
-ESTATE = f"""
-resources:
-  a: {{profile: {{cpus: 1, memory: 200M, walltime: 10m, pools: [a]}}}}
-  b: {{profile: {{cpus: 1, memory: 200M, walltime: 10m, pools: [b]}}}}
-pools:
-  a:
-    kind: host
-    agent: remote
-    {HOST_ACCESS}
-  b:
-    kind: host
-    agent: remote
-    {HOST_ACCESS}
-"""
-
-
-@pytest.fixture
-def placed(server_factory: Any) -> tuple[Any, dict[str, str], dict[str, int]]:
-    """A server with two remote pools, an agent token for each, and a task placed in each."""
-    server = server_factory(ESTATE)
-    with server.api() as api:
-        tokens = {
-            pool: api.post("/agent-tokens", json={"pools": [pool]}).json()["token"]
-            for pool in ("a", "b")
-        }
-    for pool, token in tokens.items():
-        with server.api(token) as agent:
-            published = {"op": "published", "state": {"free_slots": 4}}
-            answer = agent.post(f"/agent/pools/{pool}/calls", json={"calls": [published]})
-            answer.raise_for_status()
-    ids = {}
-    with server.api(server.make_token("alice")) as alice:
-        for pool in ("a", "b"):
-            made = alice.post("/tasks", json={"command": ["true"], "resource": pool})
-            ids[pool] = made.json()["id"]
-    for task_id in ids.values():
-        server.wait_state(task_id, {"placed"})
-    return server, tokens, ids
+from .conftest import REMOTE_POOLS
 
 
 def calls(op: str, *task_ids: int) -> dict[str, Any]:
@@ -66,8 +28,8 @@ def calls(op: str, *task_ids: int) -> dict[str, Any]:
     return {"calls": [{"op": op, "task_id": i, **fields} for i in task_ids]}
 
 
-def test_a_batch_naming_another_pools_task_is_refused_whole(placed) -> None:
-    server, tokens, ids = placed
+def test_a_batch_naming_another_pools_task_is_refused_whole(remote_pools) -> None:
+    server, tokens, ids, _alice = remote_pools
     with server.api(tokens["a"]) as agent:
         for op in ("begin", "submitted"):
             refused = agent.post("/agent/pools/a/calls", json=calls(op, ids["a"], ids["b"]))
@@ -140,7 +102,7 @@ def agent_token(server: Any, *pools: str, **fields: Any) -> dict[str, Any]:
 
 
 def test_an_expired_agent_token_is_refused_with_the_way_to_a_new_one(server_factory) -> None:
-    server = server_factory(ESTATE)
+    server = server_factory(REMOTE_POOLS)
     lasting = agent_token(server, "a")["token"]
     brief = agent_token(server, "a", expires_in=1)["token"]
     refused: dict[str, Any] = {}
@@ -163,7 +125,7 @@ def test_an_expired_agent_token_is_refused_with_the_way_to_a_new_one(server_fact
 
 
 def test_a_revoked_agent_token_is_refused_at_once(server_factory) -> None:
-    server = server_factory(ESTATE)
+    server = server_factory(REMOTE_POOLS)
     made = agent_token(server, "a")
     with server.api(made["token"]) as agent:
         assert agent.get("/agent/pools/a").status_code == 200
@@ -186,7 +148,7 @@ def test_a_revoked_agent_token_is_refused_at_once(server_factory) -> None:
 
 
 def test_token_ls_lists_agent_tokens_with_pools_and_expiry_and_no_secret(server_factory) -> None:
-    server = server_factory(ESTATE)
+    server = server_factory(REMOTE_POOLS)
     made = server.cli("token", "create-agent", "--pool", "a", "--pool", "b", "--expires", "30d")
     assert made.exit_code == 0, made.output
     secret = made.output.strip()

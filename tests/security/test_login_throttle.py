@@ -5,6 +5,7 @@ test's own, so no test waits."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
@@ -83,6 +84,18 @@ def test_tries_made_at_once_cannot_all_pass_the_check(clock) -> None:
     assert throttle.take("alice") == 0 and throttle.take("alice") > 0
 
 
+def ldap_api(
+    monkeypatch: pytest.MonkeyPatch, directory: Callable[[LdapFile, str, str], ldap.Person]
+) -> TestClient:
+    """The API's identity routes, in-process, with `directory` answering their LDAP logins."""
+    monkeypatch.setattr(ldap, "login", directory)
+    settings = LdapFile(url="ldaps://dir", user_dn="uid={user},dc=x", group_base="dc=x")
+    identities = SimpleNamespace(identity=IdentityFile(ldap=settings))
+    app = FastAPI()
+    app.include_router(identity_router(identities, "/api/v1"))  # type: ignore[arg-type]
+    return TestClient(app)
+
+
 def test_a_throttled_ldap_login_never_reaches_the_directory(monkeypatch) -> None:
     """The API's LDAP login, in-process, with a directory that counts the binds it is asked."""
     asked: list[str] = []
@@ -91,12 +104,7 @@ def test_a_throttled_ldap_login_never_reaches_the_directory(monkeypatch) -> None
         asked.append(user)
         raise ldap.LdapRefused("wrong user name or password")
 
-    monkeypatch.setattr(ldap, "login", refuse)
-    settings = LdapFile(url="ldaps://dir", user_dn="uid={user},dc=x", group_base="dc=x")
-    identities = SimpleNamespace(identity=IdentityFile(ldap=settings))
-    app = FastAPI()
-    app.include_router(identity_router(identities, "/api/v1"))  # type: ignore[arg-type]
-    with TestClient(app) as client:
+    with ldap_api(monkeypatch, refuse) as client:
         codes = [
             client.post("/api/v1/auth/ldap", json={"user": name, "password": "x"}).status_code
             for name in ["alice", "ALICE", " alice", "Alice ", "ａｌｉｃｅ", "alice", "ALICE"]
@@ -116,12 +124,7 @@ def test_ldap_guesses_sent_at_once_reach_the_directory_at_most_the_limit(monkeyp
         threading.Event().wait(0.3)  # a directory's round trip
         raise ldap.LdapRefused("wrong user name or password")
 
-    monkeypatch.setattr(ldap, "login", slow_refusal)
-    settings = LdapFile(url="ldaps://dir", user_dn="uid={user},dc=x", group_base="dc=x")
-    identities = SimpleNamespace(identity=IdentityFile(ldap=settings))
-    app = FastAPI()
-    app.include_router(identity_router(identities, "/api/v1"))  # type: ignore[arg-type]
-    with TestClient(app) as client, ThreadPoolExecutor(30) as pool:
+    with ldap_api(monkeypatch, slow_refusal) as client, ThreadPoolExecutor(30) as pool:
         answers = list(
             pool.map(
                 lambda n: (

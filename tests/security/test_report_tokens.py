@@ -11,27 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 from conftest import HOST_ACCESS
 
 from broker.store.repository import token_digest
 
 from .conftest import RESOURCE, Attack, submit
 
-REMOTE = f"""
-resources:
-  a: {{profile: {{cpus: 1, memory: 200M, walltime: 10m, pools: [a]}}}}
-  b: {{profile: {{cpus: 1, memory: 200M, walltime: 10m, pools: [b]}}}}
-pools:
-  a:
-    kind: host
-    agent: remote
-    {HOST_ACCESS}
-  b:
-    kind: host
-    agent: remote
-    {HOST_ACCESS}
-"""
 BOUNDED = (
     RESOURCE
     + f"pools:\n  p:\n    kind: host\n    slots: 2\n    {HOST_ACCESS}\n"
@@ -60,38 +45,13 @@ def local_task(api: httpx.Client, **fields: Any) -> dict[str, Any]:
     return dict(answer.json())
 
 
-@pytest.fixture
-def remote(server_factory: Any) -> tuple[Any, dict[str, str], dict[str, int], str]:
-    """Two remote pools with an agent token each; alice's task placed in each, and alice's."""
-    server = server_factory(REMOTE)
-    with server.api() as api:
-        tokens = {
-            pool: api.post("/agent-tokens", json={"pools": [pool]}).json()["token"]
-            for pool in ("a", "b")
-        }
-    for pool, token in tokens.items():
-        with server.api(token) as agent:
-            published = {"op": "published", "state": {"free_slots": 4}}
-            agent.post(f"/agent/pools/{pool}/calls", json={"calls": [published]}).raise_for_status()
-    alice = server.make_token("alice")
-    ids = {}
-    with server.api(alice) as api:
-        for pool in ("a", "b"):
-            ids[pool] = api.post("/tasks", json={"command": ["true"], "resource": pool}).json()[
-                "id"
-            ]
-    for task_id in ids.values():
-        server.wait_state(task_id, {"placed"})
-    return server, tokens, ids, alice
-
-
 def begin(agent: httpx.Client, pool: str, task_id: int, **extra: Any) -> httpx.Response:
     call = {"op": "begin", "task_id": task_id, "job_dir": f"/jobs/{task_id}", **extra}
     return agent.post(f"/agent/pools/{pool}/calls", json={"calls": [call]})
 
 
-def test_an_agent_never_chooses_a_report_token(remote) -> None:
-    server, tokens, ids, alice = remote
+def test_an_agent_never_chooses_a_report_token(remote_pools) -> None:
+    server, tokens, ids, alice = remote_pools
     chosen = "a token the agent made up for alice's task"
     with server.api(tokens["a"]) as agent:
         refused = begin(agent, "a", ids["a"], digest=token_digest(chosen))
@@ -124,8 +84,8 @@ def test_an_agent_never_chooses_a_report_token(remote) -> None:
     assert server.task(ids["b"])["state"] == "placed"
 
 
-def test_a_requeue_retires_the_attempts_report_token(remote) -> None:
-    server, tokens, ids, _alice = remote
+def test_a_requeue_retires_the_attempts_report_token(remote_pools) -> None:
+    server, tokens, ids, _alice = remote_pools
     task_id = ids["a"]
     calls = "/agent/pools/a/calls"
     with server.api(tokens["a"]) as agent:

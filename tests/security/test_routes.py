@@ -107,6 +107,13 @@ def signed_in(server, token: str) -> tuple[httpx.Client, str]:
     return client, re.search(r'name="csrf" value="([^"]+)"', page)[1]  # type: ignore[index]
 
 
+def echo_app(server, token: str, name: str = "echo") -> dict:
+    """An `http` endpoint answering with its `name` (app_helpers.ECHO), once its route answers."""
+    task = launch(server, token, "http", params={"command": echo_command(name)})
+    wait_ready(server, token, task["id"])
+    return task
+
+
 def test_a_session_route_opens_to_its_owner_only(routes) -> None:
     server, alice, bob = routes
     task = launch(server, alice, "echo-session")
@@ -165,8 +172,7 @@ def test_a_report_token_opens_its_own_tasks_tunnel_only(routes) -> None:
 
 def test_credentials_and_forwarding_headers_are_not_smuggled(routes) -> None:
     server, alice, _ = routes
-    task = launch(server, alice, "http", params={"command": echo_command("echo")})
-    wait_ready(server, alice, task["id"])
+    task = echo_app(server, alice)
     seen = get(
         server,
         task["path"] + "x",
@@ -218,8 +224,7 @@ def test_a_read_only_token_opens_a_route_for_plain_reads_only(routes) -> None:
     with server.api() as api:
         made = api.post("/tokens", json={"user": "alice", "scopes": ["read"]})
     reader = made.json()["token"]
-    task = launch(server, alice, "http", params={"command": echo_command("echo")})
-    wait_ready(server, alice, task["id"])
+    task = echo_app(server, alice)
     assert get(server, task["path"], reader).json()["name"] == "echo"
     with httpx.Client(base_url=server.routes_url, timeout=30) as http:
         posted = http.post(task["path"], headers={"Authorization": f"Bearer {reader}"})
@@ -343,8 +348,7 @@ def test_a_link_to_a_route_cannot_take_over_a_colleague(routes) -> None:
 
 def test_a_token_in_a_route_address_or_cookie_is_refused(routes) -> None:
     server, alice, _ = routes
-    task = launch(server, alice, "http", params={"command": echo_command("echo")})
-    wait_ready(server, alice, task["id"])
+    task = echo_app(server, alice)
     answer = get(server, f"{task['path']}?token={alice}")
     assert answer.status_code == 400 and "set-cookie" not in answer.headers
     assert "klique app open" in answer.json()["detail"]
@@ -405,8 +409,7 @@ def test_a_route_code_expires_after_a_minute(monkeypatch) -> None:
 
 def test_a_route_session_ends_with_the_token_that_opened_it(routes) -> None:
     server, alice, _ = routes
-    task = launch(server, alice, "http", params={"command": echo_command("echo")})
-    wait_ready(server, alice, task["id"])
+    task = echo_app(server, alice)
     with server.api() as api:
         made = api.post("/tokens", json={"user": "alice"}).json()
     with opened(server, made["token"], route_of(task)) as browser:
@@ -443,8 +446,7 @@ def test_an_apps_headers_and_cookies_pass_an_allow_list(routes) -> None:
     guise, cookies for a domain or a path outside the route, Clear-Site-Data and headers not
     on the allow-list never reach the browser."""
     server, alice, _ = routes
-    task = launch(server, alice, "http", params={"command": echo_command("echo")})
-    wait_ready(server, alice, task["id"])
+    task = echo_app(server, alice)
     answer = get(server, task["path"] + "set-cookie", alice)
     cookies = answer.headers.get_list("set-cookie")
     assert cookies == ["app_cookie=fine", f"app_path=1; Path={task['path']}"], cookies
@@ -520,8 +522,7 @@ def test_with_a_wildcard_domain_each_route_has_a_host_of_its_own(server_factory,
     estate = ESTATE.replace("$CATALOGUE", str(catalogue_of(tmp_path)))
     server = server_factory(estate, server_args=["--routes-domain", "routes.test"])
     alice = server.make_token("alice")
-    one = launch(server, alice, "http", params={"command": echo_command("one")})
-    wait_ready(server, alice, one["id"])
+    one = echo_app(server, alice, "one")
     name, port = route_of(one), server.routes_url.rsplit(":", 1)[1]
     url = code_url(server, alice, name)
     assert url.startswith(f"http://{name}.routes.test:{port}/routes/{name}/?code="), url

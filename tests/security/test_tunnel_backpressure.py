@@ -4,27 +4,36 @@ large upload streams to the app; a runner that sends past its window loses the s
 
 from __future__ import annotations
 
-import hashlib
 import json
 import socket
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from urllib.parse import urlsplit
 
-import httpx
 import pytest
 import websockets.sync.client
 from app_helpers import launch, stop, wait_ready
 from conftest import HOST_ACCESS, TASK_PY, Server, wait_for
+from flood_helpers import (
+    BLOCK,
+    FLOOD_APP,
+    MiB,
+    block,
+    expected_sha256,
+    http_catalogue,
+    pushed_so_far,
+    raw_request,
+    read_body,
+    read_head,
+    read_to_end,
+    rss,
+    rss_peak,
+)
 from websockets.exceptions import ConnectionClosed
 
 from inside_job import frames
 
-MiB = 1024 * 1024
-BLOCK = 64 * 1024
 PUSH = 256 * MiB
 GROWTH_BOUND = 64 * MiB  # of the server's RSS, for a 256 MiB transfer (the window is 256 KiB)
 
@@ -36,116 +45,13 @@ ESTATE = (
     "limits: {max_request: 1024}\n"  # MiB: the site lets a route take a large upload
 )
 
-# The app: GET /push/N sends N blocks (block i is its number, 8 bytes, repeated), counting what
-# its socket took; a WebSocket to /ws/N sends them as N binary messages; GET / tells that
-# count; POST reads its body and answers its length and SHA-256.
-FLOOD_APP = r"""
-import base64, hashlib, http.server, json, struct, sys
-port = int(sys.argv[1])
-pushed = [0]
-GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
-class App(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        if self.path.startswith("/ws/"):
-            key = self.headers["Sec-WebSocket-Key"].encode() + GUID
-            self.send_response(101)
-            self.send_header("Upgrade", "websocket")
-            self.send_header("Connection", "Upgrade")
-            accept = base64.b64encode(hashlib.sha1(key).digest()).decode()
-            self.send_header("Sec-WebSocket-Accept", accept)
-            self.end_headers()
-            for i in range(int(self.path.rsplit("/", 1)[1])):
-                self.wfile.write(b"\x82\x7f" + struct.pack(">Q", 65536))
-                self.wfile.write(i.to_bytes(8, "big") * 8192)
-                pushed[0] += 65536
-            self.wfile.write(b"\x88\x02\x03\xe8")
-            self.close_connection = True
-            return
-        if self.path.startswith("/push/"):
-            blocks = int(self.path.rsplit("/", 1)[1])
-            self.send_response(200)
-            self.send_header("Content-Length", str(blocks * 65536))
-            self.end_headers()
-            for i in range(blocks):
-                self.wfile.write(i.to_bytes(8, "big") * 8192)
-                pushed[0] += 65536
-            return
-        self._json({"pushed": pushed[0]})
-    def do_POST(self):
-        left = int(self.headers["Content-Length"])
-        digest, received = hashlib.sha256(), 0
-        while left:
-            piece = self.rfile.read(min(65536, left))
-            if not piece:
-                break
-            digest.update(piece)
-            received += len(piece)
-            left -= len(piece)
-        self._json({"received": received, "sha256": digest.hexdigest()})
-    def _json(self, doc):
-        body = json.dumps(doc).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-    def log_message(self, *args):
-        pass
-http.server.ThreadingHTTPServer(("127.0.0.1", port), App).serve_forever()
-"""
-
-
-def block(i: int) -> bytes:
-    return i.to_bytes(8, "big") * (BLOCK // 8)
-
-
-def expected_sha256(blocks: int) -> str:
-    digest = hashlib.sha256()
-    for i in range(blocks):
-        digest.update(block(i))
-    return digest.hexdigest()
-
 
 @pytest.fixture
 def routes(server_factory, tmp_path: Path):
     """A server whose catalogue has the `http` endpoint (any command), and alice's token."""
-    catalogue = tmp_path / "catalogue"
-    catalogue.mkdir()
-    endpoint = {
-        "kind": "endpoint",
-        "form": {"type": "object", "properties": {"command": {"type": "array"}}},
-        "command": ["{command}"],
-    }
-    (catalogue / "http.yaml").write_text(json.dumps(endpoint))
+    catalogue = http_catalogue(tmp_path / "catalogue")
     server = server_factory(ESTATE.replace("$CATALOGUE", str(catalogue)))
     return server, server.make_token("alice")
-
-
-def rss(pid: int) -> int:
-    """The process's resident memory, in bytes (/proc/PID/status, VmRSS)."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError(f"no VmRSS for process {pid}")
-
-
-@contextmanager
-def rss_peak(pid: int) -> Iterator[Callable[[], int]]:
-    """Samples the process's RSS every 50 ms; yields a function giving the peak so far."""
-    peak = [rss(pid)]
-    done = threading.Event()
-
-    def sample() -> None:
-        while not done.wait(0.05):
-            peak[0] = max(peak[0], rss(pid))
-
-    thread = threading.Thread(target=sample, daemon=True)
-    thread.start()
-    try:
-        yield lambda: peak[0]
-    finally:
-        done.set()
-        thread.join(5)
 
 
 def routes_url(server: Server) -> str:
@@ -153,38 +59,9 @@ def routes_url(server: Server) -> str:
     return getattr(server, "routes_url", "") or server.url
 
 
-def raw_request(server: Server, head: str, token: str) -> socket.socket:
-    """A plain socket to the server's routes with a request's head sent, its receive buffer
-    small (a caller that reads nothing then holds little in its own kernel)."""
-    where = urlsplit(routes_url(server))
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16 * 1024)
-    sock.connect((where.hostname, where.port))
-    sock.sendall(
-        f"{head}\r\nHost: {where.netloc}\r\nAuthorization: Bearer {token}\r\n"
-        "Connection: close\r\n\r\n".encode()
-    )
-    return sock
-
-
-def read_head(sock: socket.socket) -> tuple[bytes, bytes]:
-    """The response's head, and what came after it."""
-    data = b""
-    while b"\r\n\r\n" not in data:
-        piece = sock.recv(65536)
-        assert piece, data
-        data += piece
-    head, _, rest = data.partition(b"\r\n\r\n")
-    return head, rest
-
-
 def pushed(server: Server, path: str, token: str) -> int:
-    """How much of its push the app's socket has taken, asked through the same route (the
-    tunnel's other streams go on while one is stalled)."""
-    url = routes_url(server) + path
-    answer = httpx.get(url, headers={"Authorization": f"Bearer {token}"}, timeout=30)
-    assert answer.status_code == 200, answer.text
-    return int(answer.json()["pushed"])
+    """How much of its push the app's socket has taken, asked through the same route."""
+    return pushed_so_far(routes_url(server) + path, token)
 
 
 def settled(read: Callable[[], int], still_s: float = 2.0, timeout: float = 120) -> int:
@@ -215,7 +92,7 @@ def test_an_app_pushing_to_a_caller_that_does_not_read_is_slowed_not_buffered(ro
     blocks = PUSH // BLOCK
     assert pushed(server, path, alice) == 0  # and the server has served a route once
     start = rss(server.process.pid)
-    sock = raw_request(server, f"GET {path}push/{blocks} HTTP/1.1", alice)
+    sock = raw_request(routes_url(server), f"GET {path}push/{blocks} HTTP/1.1", alice)
     try:
         with rss_peak(server.process.pid) as peak:
             head, rest = read_head(sock)
@@ -225,16 +102,11 @@ def test_an_app_pushing_to_a_caller_that_does_not_read_is_slowed_not_buffered(ro
             assert stalled < GROWTH_BOUND, f"the app pushed {stalled} bytes to nobody"
             assert peak() - start < GROWTH_BOUND
             # Now it reads: every byte comes, in order, and the app finishes its push.
-            digest, got = hashlib.sha256(rest), len(rest)
-            while got < PUSH:
-                piece = sock.recv(1024 * 1024)
-                assert piece, f"the answer ended after {got} bytes"
-                digest.update(piece)
-                got += len(piece)
+            digest = read_body(sock, rest, PUSH)
         growth = peak() - start
     finally:
         sock.close()
-    assert got == PUSH and digest.hexdigest() == expected_sha256(blocks)
+    assert digest == expected_sha256(blocks)
     assert pushed(server, path, alice) == PUSH
     assert growth < GROWTH_BOUND, f"the server grew by {growth / MiB:.0f} MiB"
     stop(server, alice, task["id"])
@@ -247,18 +119,14 @@ def test_a_large_upload_streams_to_the_app_in_bounded_memory(routes) -> None:
     pushed(server, task["path"], alice)
     start = rss(server.process.pid)
     head = f"POST {task['path']}upload HTTP/1.1\r\nContent-Length: {PUSH}"
-    sock = raw_request(server, head, alice)
+    sock = raw_request(routes_url(server), head, alice)
     try:
         with rss_peak(server.process.pid) as peak:
             for i in range(blocks):
                 sock.sendall(block(i))
             head_bytes, rest = read_head(sock)
             growth = peak() - start
-        while True:
-            piece = sock.recv(65536)
-            if not piece:
-                break
-            rest += piece
+        rest = read_to_end(sock, rest)
     finally:
         sock.close()
     assert head_bytes.startswith(b"HTTP/1.1 200"), head_bytes
@@ -269,16 +137,11 @@ def test_a_large_upload_streams_to_the_app_in_bounded_memory(routes) -> None:
 
 def ws_request(server: Server, path: str, token: str) -> socket.socket:
     """A plain socket that opens a WebSocket on the route (then reads only when told to)."""
-    where = urlsplit(routes_url(server))
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16 * 1024)
-    sock.connect((where.hostname, where.port))
-    sock.sendall(
-        f"GET {path} HTTP/1.1\r\nHost: {where.netloc}\r\nAuthorization: Bearer {token}\r\n"
+    opening = (
         "Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\n"
-        "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n".encode()
+        "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ=="
     )
-    return sock
+    return raw_request(routes_url(server), f"GET {path} HTTP/1.1", token, opening)
 
 
 def read_exactly(sock: socket.socket, n: int, buffered: bytearray) -> bytes:
@@ -368,7 +231,7 @@ def test_a_runner_that_ignores_its_window_loses_the_stream(routes) -> None:
     report = _report_token(server, task["id"], alice)
     with fake_runner(server, report, task["id"]) as runner:
         runner.send(frames.encode_json(0, frames.READY, {"version": frames.VERSION}))
-        sock = raw_request(server, f"GET {task['path']}flood HTTP/1.1", alice)
+        sock = raw_request(routes_url(server), f"GET {task['path']}flood HTTP/1.1", alice)
         try:
             stream, _, _ = next_frame(runner, {frames.REQUEST})
             runner.send(frames.encode_json(stream, frames.RESPONSE, {"status": 200}))

@@ -261,7 +261,10 @@ def test_a_task_withdrawn_from_every_pool_starts_over() -> None:
 # -- why is it waiting? -----------------------------------------------------------------------
 
 
-def test_each_pending_task_gets_the_first_reason_that_applies() -> None:
+def each_reason_cycle() -> SchedulerOutput:
+    """A cycle in which task 1 is placed and every other waits for a reason of its own: 2 for
+    capacity, 3 over its team's limit, 4 not in its team's policy, 5 in no team, 7 in the
+    pool's own queue."""
     e = estate(
         [slurm("hpc", max_queued=1), host("box", gpus=0)],
         [resource("1-gpu", "hpc", gpus=1), resource("8-gpu", "hpc", gpus=8)],
@@ -269,7 +272,11 @@ def test_each_pending_task_gets_the_first_reason_that_applies() -> None:
     )
     waiting = ActiveTask(7, "u", "a", "1-gpu", "hpc", False, 990.0, native_reason="Resources")
     tasks = [queued(1), queued(2), queued(3), queued(4, "8-gpu"), queued(5, team=None)]
-    out = cycle(e, tasks, [waiting], hpc=PoolState("hpc", free_gpus=1))
+    return cycle(e, tasks, [waiting], hpc=PoolState("hpc", free_gpus=1))
+
+
+def test_each_pending_task_gets_the_first_reason_that_applies() -> None:
+    out = each_reason_cycle()
     codes = {task_id: reason.primary for task_id, reason in out.pending.items()}
     assert where(out) == {1: "hpc"}
     assert codes == {

@@ -7,15 +7,13 @@ from __future__ import annotations
 import re
 
 import pytest
-from test_placement import cycle as plain_cycle
-from test_placement import estate, host, queued, resource, slurm
+from test_placement import each_reason_cycle
 from test_placement_policy import box_estate, run
 from test_placement_policy import cycle as policy_cycle
 from test_placement_policy import queued as team_queued
 
 from broker.domain import Policy
 from broker.scheduler.model import PendingCode, PendingReason, joined_reason
-from broker.scheduler.placement import ActiveTask, PoolState
 
 
 def repeated_clauses(line: str) -> list[str]:
@@ -33,14 +31,7 @@ def said_once(reason: PendingReason) -> None:
 
 def every_reason() -> dict[str, PendingReason]:
     """One pending reason of each kind the scheduler gives, from plain data."""
-    e = estate(
-        [slurm("hpc", max_queued=1), host("box", gpus=0)],
-        [resource("1-gpu", "hpc", gpus=1), resource("8-gpu", "hpc", gpus=8)],
-        [Policy("a", ("1-gpu",), limit={"1-gpu": 3})],
-    )
-    waiting = ActiveTask(7, "u", "a", "1-gpu", "hpc", False, 990.0, native_reason="Resources")
-    tasks = [queued(1), queued(2), queued(3), queued(4, "8-gpu"), queued(5, team=None)]
-    out = plain_cycle(e, tasks, [waiting], hpc=PoolState("hpc", free_gpus=1))
+    out = each_reason_cycle()
     policies = [Policy("small", ("1-gpu",)), Policy("big", ("8-gpu",))]
     pinned = policy_cycle(
         box_estate(policies=policies),
