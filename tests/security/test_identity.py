@@ -149,7 +149,8 @@ def test_a_single_user_pool_runs_only_the_tasks_of_the_servers_account(
             assert client.get(f"/tasks/{mine}/logs").json()["text"].strip().endswith("alice")
         refused = wait_for(lambda: final(bob, theirs), 60, "bob's task")
         assert refused["state"] == "failed"
-        assert "runs only the tasks of 'alice'" in refused["reason"], refused
+        said = "runs only the tasks of alice, the account running the server"
+        assert said in refused["reason"], refused
     finally:
         server.terminate()
         server.wait(20)
