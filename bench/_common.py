@@ -37,6 +37,7 @@ def klique_server(
         if prepare is not None:
             prepare(home)
         args = [sys.executable, "-m", "broker", "server", "--port", str(port := free_port())]
+        args += ["--routes-port", str(free_port())]
         if estate_text is not None:
             (estate := Path(scratch) / "estate.yaml").write_text(estate_text)
             args += ["--estate", str(estate)]

@@ -342,6 +342,7 @@ class ChaosRun:
         self.foreign: set[int] = set()  # Slurm jobs of "another installation", left out of counts
         self.lives = 0
         self.port = free_port()  # kept across restarts: a remote agent knows this address
+        self.routes_port = free_port()  # named, not the default next port, which may be taken
 
     # The server.
 
@@ -350,6 +351,7 @@ class ChaosRun:
         server that dies before it answers is returned too (its process has a returncode)."""
         port = self.port
         args = [sys.executable, "-m", "broker", "server", "--port", str(port)]
+        args += ["--routes-port", str(self.routes_port)]
         env = {**os.environ, "KLIQUE_HOME": str(self.home)}
         env.pop("KLIQUE_CRASH_AT", None)
         if crash_at:

@@ -58,6 +58,7 @@ def crashing_server(home: Path, estate: Path, path: str, point: str) -> int:
     """A server on this home that SIGKILLs itself at `point`; its exit status."""
     port = free_port()
     args = [sys.executable, "-m", "broker", "server", "--port", str(port), "--estate", str(estate)]
+    args += ["--routes-port", str(free_port())]
     env = {**os.environ, "KLIQUE_HOME": str(home), "PATH": path, "KLIQUE_CRASH_AT": point}
     with (home / "server.log").open("ab") as log:
         process = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)

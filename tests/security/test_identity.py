@@ -115,6 +115,7 @@ def test_a_single_user_pool_runs_only_the_tasks_of_the_servers_account(
     home = Path("/tmp") / f"klique-alice-home-{tmp_path.name}"
     port = free_port()
     argv = [str(installed_klique / "klique"), "server", "--port", str(port)]
+    argv += ["--routes-port", str(free_port())]
     server = subprocess.Popen(
         ["runuser", "-u", "alice", "--", "env", f"KLIQUE_HOME={home}", *argv],
         cwd="/",

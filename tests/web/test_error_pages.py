@@ -51,7 +51,7 @@ def build_app(*args, **kwargs):
     return app
 
 server.build_app = build_app
-main(["server", "--estate", sys.argv[1], "--port", sys.argv[2]])
+main(["server", "--estate", sys.argv[1], "--port", sys.argv[2], "--routes-port", sys.argv[3]])
 """
 
 
@@ -66,7 +66,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     port = free_port()
     with (home / "server.log").open("ab") as log:
         process = subprocess.Popen(
-            [sys.executable, "-c", FAULTY_SERVER, str(estate), str(port)],
+            [sys.executable, "-c", FAULTY_SERVER, str(estate), str(port), str(free_port())],
             env={"PATH": "/usr/bin:/bin", "KLIQUE_HOME": str(home)},
             cwd=ROOT,
             stdout=log,
