@@ -27,10 +27,12 @@ from chaos_scenarios import (  # noqa: E402
     foreign_tag,
     fresh_postgres_schema,
     hard_kills,
+    lost_submit_replies,
     short_min_job_age,
     ssh_drops,
     store_crash,
 )
+from sim_scenarios import sim_lost_replies  # noqa: E402
 
 TOTALS = ("faults", "tasks", "duplicates", "lost", "wrong_final")
 
@@ -50,6 +52,10 @@ SCENARIOS: list[tuple[str, Callable[[Path], Outcome]]] = [
     ("crash-restart", crash_and_restart),
     ("foreign-tag", foreign_tag),
     ("controller-outage", controller_outage),
+    ("lost-submit-replies", lost_submit_replies),
+    ("lost-submit-replies-pbspro", lambda _w: sim_lost_replies("pbspro")),
+    ("lost-submit-replies-torque", lambda _w: sim_lost_replies("torque")),
+    ("lost-submit-replies-lsf", lambda _w: sim_lost_replies("lsf")),
     ("ssh-drops", ssh_drops),
     ("remote-agent-kills", agent_crashes),
     ("control-plane-kills-under-agent", control_plane_crashes),

@@ -37,8 +37,26 @@ class KliqueGroup(click.Group):
 
 @click.group(cls=KliqueGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="klique")
-def main() -> None:
+@click.option(
+    "--profile",
+    metavar="NAME",
+    help="Talk to the server that `klique login` kept for profile NAME (default: "
+    "$KLIQUE_PROFILE, else $KLIQUE_API, else the last login's server).",
+)
+def main(profile: str | None) -> None:
     """Klique: send tasks to compute resources on Slurm, PBS, LSF and bare-metal pools."""
+    config.use_profile(profile)
+
+
+@main.command()
+@click.argument("shell", type=click.Choice(["bash", "zsh", "fish"]))
+def completion(shell: str) -> None:
+    """Print the shell's completion script: eval "$(klique completion bash)" in ~/.bashrc."""
+    from click.shell_completion import get_completion_class
+
+    complete = get_completion_class(shell)
+    assert complete is not None  # noqa: S101 - click has all three
+    click.echo(complete(main, {}, "klique", "_KLIQUE_COMPLETE").source())
 
 
 @main.command()
@@ -76,6 +94,14 @@ def main() -> None:
     "X-Forwarded-Proto are believed. Default: none; every caller's address is its socket's, "
     "so login throttles count real addresses.",
 )
+@click.option(
+    "--public-url",
+    metavar="URL",
+    help="The URL that jobs, pods, agents and browsers use to reach this server, when it is "
+    "not the bind address: http://klique.example.org:8765 (default: the estate's "
+    "server.public_url, else http://HOST:PORT). Required while any pool's nodes are not "
+    "this host and the bind address is loopback or 0.0.0.0.",
+)
 def server(
     estate_path: str | None,
     host: str,
@@ -84,6 +110,7 @@ def server(
     routes_domain: str | None,
     routes_url: str | None,
     forwarded_allow_ips: str | None,
+    public_url: str | None,
 ) -> None:
     """Run the API, the scheduler and the pool agents in this process."""
     from broker.estate import builtin_estate, load_estate
@@ -106,6 +133,7 @@ def server(
         routes_domain,
         routes_url,
         trusted_proxies=forwarded_allow_ips,
+        public=public_url,
     )
 
 
@@ -122,7 +150,11 @@ ROOT_WITHOUT_ESTATE = (
 @click.option("--token", help="The token (default: ask for it).")
 @click.option("--sso", is_flag=True, help="Log in through the company's single sign-on.")
 @click.option("--ldap", "ldap_user", metavar="USER", help="Log in with USER's LDAP password.")
-@click.option("--api", help="The server's URL (default: $KLIQUE_API or the local server).")
+@click.option(
+    "--api",
+    help="The server's URL, kept as the profile's server (default: the profile's, else "
+    "$KLIQUE_API, else the local server).",
+)
 def login(token: str | None, sso: bool, ldap_user: str | None, api: str | None) -> None:
     """Store a token for the server, after checking that the server accepts it.
 
@@ -142,9 +174,12 @@ def login(token: str | None, sso: bool, ldap_user: str | None, api: str | None) 
     # machine): the check renews it with the refresh token, and the renewed one is kept.
     client = Client(api=api, token=entry) if isinstance(entry, str) else Client(api=api, sso=entry)
     me = client.get("/whoami")
-    path = save_token(client.api, client.sso or entry)
+    path = save_token(client.api, client.sso or entry, config.profile())
     team = f", team {me['team']}" if me.get("team") else ""
-    click.echo(f"logged in to {client.api} as {me['user']}{team} (kept in {path})")
+    click.echo(
+        f"logged in to {client.api} as {me['user']}{team} "
+        f"(profile {config.profile()}, kept in {path})"
+    )
 
 
 @main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
@@ -307,6 +342,7 @@ TASK_COLUMNS = [
 @click.option("--limit", default=50, show_default=True, help="At most this many (up to 1000).")
 @click.option("--before", type=int, help="Only tasks older than this id (the next page).")
 @click.option("--sweep", type=int, metavar="ID", help="Only the tasks of sweep ID.")
+@click.option("--project", "-p", metavar="P", help="Only the tasks of project P.")
 @json_option
 def list_tasks(
     state: str | None,
@@ -314,18 +350,26 @@ def list_tasks(
     limit: int,
     before: int | None,
     sweep: int | None,
+    project: str | None,
     as_json: bool,
 ) -> None:
     """List your tasks, newest first, a page at a time."""
     if sweep is not None:
-        if state or all_users:
-            raise click.UsageError("--sweep lists all of a sweep's tasks: no --state or --all")
+        if state or all_users or project:
+            raise click.UsageError(
+                "--sweep lists all of a sweep's tasks: no --state, --all or --project"
+            )
         rows = Client().get(f"/sweeps/{sweep}/tasks", limit=limit, before=before)
     else:
         rows = Client().get(
-            "/tasks", state=state, all_users=all_users or None, limit=limit, before=before
+            "/tasks",
+            state=state,
+            all_users=all_users or None,
+            limit=limit,
+            before=before,
+            project=project,
         )
-    listing(rows, as_json, TASK_COLUMNS, no_tasks(state, sweep, before))
+    listing(rows, as_json, TASK_COLUMNS, no_tasks(state or project, sweep, before))
 
 
 def no_tasks(state: str | None, sweep: int | None, before: int | None) -> str:

@@ -30,15 +30,11 @@ class ApiError(KliqueError):
 
 
 def credentials_path() -> Path:
-    return config.home() / "credentials.json"
+    return config.credentials_path()
 
 
 def _saved() -> dict[str, Any]:
-    try:
-        tokens = json.loads(credentials_path().read_text())
-    except (OSError, ValueError):
-        return {}
-    return tokens if isinstance(tokens, dict) else {}
+    return config.saved_credentials()
 
 
 def saved_token(api: str) -> str | None:
@@ -54,13 +50,16 @@ def saved_sso(api: str) -> dict[str, Any] | None:
     return entry if isinstance(entry, dict) and entry.get("kind") == "sso" else None
 
 
-def save_token(api: str, token: str | dict[str, Any]) -> Path:
-    """Keep the token (or single sign-on entry) for `api` in a file that is private from its
-    first byte."""
+def save_token(api: str, token: str | dict[str, Any], profile: str | None = None) -> Path:
+    """Keep the token (or single sign-on entry) for `api`, and `api` as `profile`'s server, in
+    a file that is private from its first byte."""
     path = credentials_path()
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     tokens = _saved()
     tokens[api] = token
+    if profile is not None:
+        profiles = tokens.get("profiles")
+        tokens["profiles"] = {**(profiles if isinstance(profiles, dict) else {}), profile: api}
     config.write_private(path, json.dumps(tokens, indent=2))
     return path
 

@@ -289,6 +289,7 @@ class Estate:
     pipeline_resource: str | None = None  # where pipeline controllers run (None: the default)
     templates_dir: str | None = None  # the site's batch templates, searched before the built-in
     mail_domain: str | None = None  # a task owner's mail address is OWNER@mail_domain
+    public_url: str | None = None  # server.public_url: where jobs, pods and browsers reach us
     apps: AppSettings = field(default_factory=AppSettings)
     routes: dict[str, StaticRoute] = field(default_factory=dict)
     source: str = "<built-in>"

@@ -123,7 +123,14 @@ class RouteFile(Strict):
     apps: list[Name] = []
 
 
+class ServerFile(Strict):
+    # The URL that jobs, pods, agents and browsers use, apart from the address the server binds
+    # (0.0.0.0 or 127.0.0.1 reach nothing from a compute node): `klique server --public-url`.
+    public_url: str | None = Field(None, pattern=r"^https?://[^\s/]+(/[^\s]*)?$")
+
+
 class EstateFile(Strict):
+    server: ServerFile = ServerFile()
     defaults: DefaultsFile = DefaultsFile()
     limits: LimitsFile = LimitsFile()
     artifacts: ArtifactsFile = ArtifactsFile()
@@ -469,6 +476,7 @@ def _build(model: EstateFile, pools: dict[str, PoolSettings], source: str) -> Es
         pipeline_resource=model.defaults.pipeline_resource,
         templates_dir=model.templates_dir,
         mail_domain=model.mail_domain,
+        public_url=model.server.public_url,
         apps=AppSettings(
             catalogue=_beside(source, model.apps.catalogue),
             max_running=model.apps.max_running,

@@ -5,11 +5,13 @@ broker/routes/origin.py)."""
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
 import logging
 import os
 import pwd
 import socket
+import urllib.parse
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -110,6 +112,46 @@ def listener(host: str, port: int) -> socket.socket:
     return sock
 
 
+def remote_pools(estate: Estate) -> list[str]:
+    """Pools whose tasks run on nodes other than this host: every batch and Kubernetes pool,
+    and a host pool served by `klique agent` on another machine."""
+    return [
+        name
+        for name, p in estate.pools.items()
+        if p.kind != "host" or p.settings.get("agent") == "remote"
+    ]
+
+
+def reaches_nothing(url: str, stated: bool) -> bool:
+    """Whether other nodes cannot reach `url`: it names no host (0.0.0.0, ::), or loopback
+    when nobody stated it (a stated loopback URL says the nodes are this host: a cluster on
+    one machine)."""
+    host = urllib.parse.urlsplit(url).hostname or ""
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return host == "localhost" and not stated  # a name: the site's DNS decides
+    return address.is_unspecified or (address.is_loopback and not stated)
+
+
+def public_url(estate: Estate, host: str, port: int, given: str | None = None) -> str:
+    """The URL jobs, pods, agents and browsers use: --public-url, else the estate's
+    server.public_url, else the bind address (right only while every task runs here). A URL
+    that no other node can reach is refused while some pool's nodes are elsewhere: their jobs
+    would start and then fail at their first call."""
+    bind_host = f"[{host}]" if ":" in host else host
+    stated = given or estate.public_url
+    url = (stated or f"http://{bind_host}:{port}").rstrip("/")
+    elsewhere = remote_pools(estate)
+    if elsewhere and reaches_nothing(url, bool(stated)):
+        raise ValueError(
+            f"jobs of pool {elsewhere[0]} run on other nodes and cannot reach {url}; fix: set "
+            "server.public_url in the estate (or --public-url) to a URL they reach, such as "
+            f"http://{socket.getfqdn()}:{port}"
+        )
+    return url
+
+
 def split_app(app: FastAPI, place: RoutesPlace) -> Split:
     """The UI's and API's app on its port, the routes' origin on the routes port."""
     app.state.routes_place = place
@@ -128,13 +170,15 @@ def serve(
     routes_url: str | None = None,
     *,
     trusted_proxies: str | None = None,
+    public: str | None = None,
 ) -> None:
     """Serve until stopped. `trusted_proxies` names the reverse proxies whose forwarding
     headers are believed; without it, a caller's address is its socket's own (uvicorn would
     otherwise believe any local account's X-Forwarded-For, and the login throttle's count per
-    address with it)."""
+    address with it). `public`: the URL others reach this server at (--public-url)."""
     try:
         place = routes_place(host, port, routes_port or port + 1, routes_domain, routes_url)
+        api_url = public_url(estate, host, port, public)
     except ValueError as exc:
         raise SystemExit(f"klique: {exc}") from None
     sockets = [listener(host, port), listener(host, place.port)]
@@ -147,7 +191,6 @@ def serve(
             f"(run: klique login --token $(cat {token_path}))",
             flush=True,
         )
-    api_url = f"http://{host}:{port}"
     app = build_app(estate, store, home, api_url)
     write_private(
         home / "server.json",

@@ -41,23 +41,44 @@ def job_document() -> Optional[Dict[str, Any]]:
     return doc if isinstance(doc, dict) else None
 
 
+def _credentials() -> Dict[str, Any]:
+    try:
+        with open(os.path.join(home(), "credentials.json"), encoding="utf-8") as f:
+            saved = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return saved if isinstance(saved, dict) else {}
+
+
 def _saved_token(api: str) -> Optional[str]:
     if os.environ.get("KLIQUE_TOKEN"):
         return os.environ["KLIQUE_TOKEN"]
-    try:
-        with open(os.path.join(home(), "credentials.json"), encoding="utf-8") as f:
-            tokens = json.load(f)
-    except (OSError, ValueError):
-        return None
-    token = tokens.get(api) if isinstance(tokens, dict) else None
+    token = _credentials().get(api)
     return token if isinstance(token, str) else None
+
+
+def _default_url() -> str:
+    """As the CLI chooses (broker/config.py): $KLIQUE_PROFILE's server, else $KLIQUE_API, else
+    the server of the last `klique login`, else the local server."""
+    profiles = _credentials().get("profiles")
+    profiles = profiles if isinstance(profiles, dict) else {}
+    named = os.environ.get("KLIQUE_PROFILE")
+    if named:
+        if not isinstance(profiles.get(named), str):
+            raise KliqueError(
+                "profile %s has no server yet; fix: klique --profile %s login --api URL"
+                % (named, named)
+            )
+        return str(profiles[named])
+    saved = profiles.get("default")
+    return os.environ.get("KLIQUE_API") or (saved if isinstance(saved, str) else DEFAULT_API)
 
 
 class Api:
     """One server and one token; every call returns the decoded JSON or raises KliqueError."""
 
     def __init__(self, url: Optional[str] = None, token: Optional[str] = None) -> None:
-        self.url = (url or os.environ.get("KLIQUE_API") or DEFAULT_API).rstrip("/")
+        self.url = (url or _default_url()).rstrip("/")
         self.token = token or _saved_token(self.url) or ""
 
     @classmethod
@@ -69,6 +90,14 @@ class Api:
                 "ask the platform team to let the nodes reach the server"
             )
         return cls(str(report["url"]), str(report.get("token") or ""))
+
+    @classmethod
+    def here(cls) -> Api:
+        """The API as seen from where this process runs: inside a Klique job, the URL and token
+        of its job folder (the server's public URL; $KLIQUE_API on a compute node is some
+        login shell's leftover, or the bind address); elsewhere $KLIQUE_API or the default."""
+        doc = job_document()
+        return cls.for_job(doc) if doc is not None else cls()
 
     def get(self, path: str, **params: Any) -> Any:
         query = {k: v for k, v in params.items() if v is not None}
@@ -104,9 +133,13 @@ class Api:
         except urllib.error.HTTPError as exc:
             raise KliqueError(_detail(exc)) from None
         except (OSError, ValueError) as exc:
+            fix = (
+                "ask the platform team to set the server's public_url to an address the nodes reach"
+                if job_document() is not None
+                else "start one with `klique server`, or set KLIQUE_API"
+            )
             raise KliqueError(
-                f"cannot reach the Klique server at {self.url} ({exc}); start one with "
-                "`klique server`, or set KLIQUE_API"
+                f"cannot reach the Klique server at {self.url} ({exc}); {fix}"
             ) from None
 
 

@@ -57,6 +57,6 @@ def sweep(
                 f"{', '.join(sorted(_RUN_KEYS))}; it has {', '.join(sorted(run))}"
             )
         tasks.append({"resource": resource, "project": project, **run})
-    api = api or Api()
+    api = api or Api.here()
     made = api.post("/sweeps", {"name": name, "tasks": tasks})
     return Sweep(api, int(made["sweep"]), [int(t["id"]) for t in made["tasks"]])

@@ -67,8 +67,7 @@ class Task:
     @classmethod
     def get(cls, task_id: int, api: Optional[Api] = None) -> Task:
         """Another task (yours), to read its record and artifacts."""
-        doc = job_document()
-        api = api or (Api.for_job(doc) if doc is not None else Api())
+        api = api or Api.here()
         return cls(api, task_id, api.get(f"/sdk/tasks/{int(task_id)}"))
 
     @classmethod

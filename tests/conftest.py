@@ -293,6 +293,8 @@ def _start_server(
 ) -> Server | None:
     port, routes_port = free_port(), free_port()
     args = [sys.executable, "-m", "broker", "server", "--port", str(port)]
+    # The test clusters' nodes are this machine: loopback reaches the server from their jobs.
+    args += ["--public-url", f"http://127.0.0.1:{port}"]
     args += ["--routes-port", str(routes_port), *(extra_args or [])]
     if estate is not None:
         args += ["--estate", str(estate)]

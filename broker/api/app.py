@@ -137,6 +137,7 @@ def create_app(scheduler: Scheduler, lifespan: Any = None) -> FastAPI:
         all_users: bool = False,
         limit: Annotated[int, Query(ge=1, le=1000)] = 200,
         before: Annotated[int | None, Query(ge=1, lt=2**63)] = None,
+        project: Annotated[str | None, Query(max_length=200)] = None,
     ) -> list[TaskOut]:
         """The newest tasks first, a page at a time: pass the last id seen as `before`."""
         owner = authz.owner_filter(who, None if all_users else who.user)
@@ -147,6 +148,7 @@ def create_app(scheduler: Scheduler, lifespan: Any = None) -> FastAPI:
             newest_first=True,
             before=before,
             with_diff=False,
+            project=project,
         )
         return [_task_out(t, scheduler) for t in tasks]
 

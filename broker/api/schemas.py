@@ -130,7 +130,7 @@ class WhyOut(BaseModel):
     id: int
     state: TaskState
     waiting: bool
-    primary: str  # a stable code: not-permitted, over-limit, reclaim, no-capacity, pool-queue
+    primary: str  # a stable code (PendingCode): not-permitted ... pool-queue, outcome-unknown
     sentence: str
     detail: str
     pools: dict[str, str]

@@ -210,6 +210,10 @@ class PoolDriver(ABC):
     async def cancel(self, task: Task) -> None:
         """Stop the task's job, queued or running."""
 
+    def outcome_unknown(self, task_id: int) -> str | None:
+        """Why a placed task waits where its submission's reply was lost; None otherwise."""
+        return None
+
     def uv_setting(self) -> str | None:
         """The pool's `uv`: a path on the nodes, `stage`, or unset (the node's PATH)."""
         configured = self.pool.settings.get("uv")

@@ -115,6 +115,10 @@ class BatchDriver(PoolDriver):
     # Submit errors after which the job may exist (the reply was lost): the task's tag is
     # looked up before it is submitted again. Checked before UNREACHABLE.
     SUBMIT_UNKNOWN: ClassVar[re.Pattern[str] | None] = None
+    # How long a request whose reply was lost may still be inside the scheduler (its message
+    # timeout): a lost submission is resubmitted only after two looks for its tag this far
+    # apart both miss. The pool's `message_timeout`, else what the scheduler says, else this.
+    MESSAGE_TIMEOUT_S: ClassVar[float] = 10.0
     # Native end states that only say the job script ended by itself (any exit, a signal):
     # without the runner's exit file they tell nothing of how the task ended.
     SELF_ENDED: ClassVar[frozenset[str]] = frozenset()
@@ -147,6 +151,10 @@ class BatchDriver(PoolDriver):
         self.python = str(pool.settings.get("python") or "python3")
         self.interval_s = float(pool.settings.get("poll_interval") or 10)  # type: ignore[arg-type]
         self.lost_after_s = float(pool.settings.get("lost_after") or 120)  # type: ignore[arg-type]
+        timeout = pool.settings.get("message_timeout") or self.MESSAGE_TIMEOUT_S
+        self.message_timeout_s = float(timeout)  # type: ignore[arg-type]
+        self._unknown: dict[int, str] = {}  # task id: why its submission's outcome is unknown
+        self._missed_at: dict[int, float] = {}  # task id: the first look that missed its job
         self._backoff = 1
         self._next_poll = 0.0
         self._polled_at = 0.0
@@ -322,8 +330,9 @@ class BatchDriver(PoolDriver):
         account = self.account(task)
         await self.stage_uv(account)
         job = self._job_folder(task, report_token)
+        answer: Completed | Exception
         try:  # the job directory is written and submitted in one command: one spawn, or session
-            done = await self.transport.write_files(
+            answer = await self.transport.write_files(
                 job.folder,
                 job.files,
                 account=account,
@@ -332,8 +341,11 @@ class BatchDriver(PoolDriver):
                 timeout=60,
             )
         except TransportError as exc:
-            raise SubmitUnknown(f"the submit command's outcome is unknown: {exc}") from exc
-        return self._submitted(job.folder, done)
+            answer = exc
+        outcome = self._note_outcome(task, self._outcome(job.folder, answer))
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
 
     async def submit_many(self, tasks: Sequence[tuple[Task, str]]) -> list[Submission | Exception]:
         """`submit` for each task, with one command per account (up to BATCH_ITEMS each), and
@@ -354,7 +366,7 @@ class BatchDriver(PoolDriver):
         )
         for outcomes in answers:
             for index, outcome in outcomes.items():
-                results[index] = outcome
+                results[index] = self._note_outcome(tasks[index][0], outcome)
                 if isinstance(outcome, Exception) and not isinstance(outcome, SubmitUnknown):
                     self._submitting.discard(tasks[index][0].tag)  # no job was queued
         return [results[index] for index in range(len(tasks))]
@@ -376,7 +388,9 @@ class BatchDriver(PoolDriver):
         return outcomes
 
     def _outcome(self, job_dir: str, answer: Completed | Exception) -> Submission | Exception:
-        """What one submit command's answer (or the transport's failure) means for its task."""
+        """What one submit command's answer (or the transport's failure) means for its task.
+        A transport that failed once the command was sent leaves the outcome unknown: the
+        scheduler may have queued the job."""
         if isinstance(answer, TransportError):
             return SubmitUnknown(f"the submit command's outcome is unknown: {answer}")
         if isinstance(answer, Exception):
@@ -385,6 +399,25 @@ class BatchDriver(PoolDriver):
             return self._submitted(job_dir, answer)
         except KliqueError as exc:
             return exc
+
+    def _note_outcome(self, task: Task, outcome: Submission | Exception) -> Submission | Exception:
+        """Remember which tasks' submissions have an unknown outcome (for `klique why`)."""
+        self._missed_at.pop(task.id, None)
+        if isinstance(outcome, SubmitUnknown):
+            self._unknown[task.id] = str(outcome)
+        else:
+            self._unknown.pop(task.id, None)
+        return outcome
+
+    def outcome_unknown(self, task_id: int) -> str | None:
+        """Why a placed task waits, where its submission's reply was lost; None otherwise."""
+        words = self._unknown.get(task_id)
+        if words is None:
+            return None
+        return (
+            f"{words}; its job may exist: Klique looks for its tag twice, at least "
+            f"{self.message_timeout_s:g} s apart, and submits it again only if neither finds it"
+        )
 
     # Job arrays, where the scheduler has them (docs/job-arrays.md).
 
@@ -668,7 +701,9 @@ class BatchDriver(PoolDriver):
         gone: list[Task] = []
         for task in tasks:
             if task.state is TaskState.PLACED:
-                news[task.id] = self._find(task, docs.get(task.id), elements)
+                found = self._find(task, docs.get(task.id), elements)
+                if found is not None:
+                    news[task.id] = found
                 continue
             status = self._last.get(task.native_id or "")
             if status is None:
@@ -715,9 +750,21 @@ class BatchDriver(PoolDriver):
 
     def _find(
         self, task: Task, exit_doc: Mapping[str, Any] | None, elements: Mapping[str, str]
-    ) -> Observation:
+    ) -> Observation | None:
         """A task whose submission's outcome is unknown: its tag in the queue, its array
-        element (`elements`: job folder to element id), or its files."""
+        element (`elements`: job folder to element id), or its files; None while it is
+        still unknown (`_missed`)."""
+        seen = self._seen(task, exit_doc, elements)
+        if seen is None:
+            return self._missed(task)
+        self._unknown.pop(task.id, None)
+        self._missed_at.pop(task.id, None)
+        return seen
+
+    def _seen(
+        self, task: Task, exit_doc: Mapping[str, Any] | None, elements: Mapping[str, str]
+    ) -> Observation | None:
+        """The task's job, found by its tag, its array element or its exit file; None."""
         job_dir = str(task.job_dir)
         if job_dir in elements:
             return Observation(TaskState.SUBMITTED, native_id=elements[job_dir], job_dir=job_dir)
@@ -730,9 +777,23 @@ class BatchDriver(PoolDriver):
                 return Observation(TaskState.SUBMITTED, native_id=status.native_id, job_dir=job_dir)
         if task.job_dir and exit_doc is not None:
             return Observation(TaskState.SUBMITTED, native_id="", job_dir=job_dir)
+        return None
+
+    def _missed(self, task: Task) -> Observation | None:
+        """No job carries the task's tag. A request whose reply was lost may still be inside
+        the scheduler (Slurm's slurmctld works on it until MessageTimeout), so one look proves
+        nothing: the task goes again only when a second look, taken at least the message
+        timeout after the first, misses it too. Both are the pool's status query, which sees
+        every account's jobs (per account where the scheduler hides others')."""
+        first = self._missed_at.setdefault(task.id, self._polled_at)
+        if self._polled_at - first < self.message_timeout_s:
+            return None
+        self._missed_at.pop(task.id, None)
+        self._unknown.pop(task.id, None)
         return Observation(
             TaskState.QUEUED,
-            "no job carries its tag after a submission whose "
+            "no job carries its tag in two looks "
+            f"{self._polled_at - first:.0f} s apart after a submission whose "
             "outcome was unknown; submitting it again",
         )
 

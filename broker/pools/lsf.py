@@ -6,19 +6,24 @@ apart by its termination reason; the exit file decides. A sweep's tasks go as on
 from __future__ import annotations
 
 import json
+import logging
 import math
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any, Literal
 
 from markupsafe import Markup
 
-from broker.domain import Profile, Task, TaskState
-from broker.errors import SubmitError, TransportError
+from broker.domain import Pool, Profile, Task, TaskState
+from broker.errors import KliqueError, SubmitError, TransportError
+from broker.pools.base import Context, Observation
 from broker.pools.batch import BatchDriver, NativeStatus, unreadable
 from broker.pools.registry import PoolKindSpec
 from broker.pools.settings import BatchSettings
-from broker.transport import Completed
+from broker.transport import Completed, Transport
+
+log = logging.getLogger("klique.pools")
 
 # IBM Spectrum LSF 10.1 Command Reference, bjobs, "Job states" (the STAT field).
 LSF_STATES: dict[str, TaskState] = {
@@ -105,10 +110,13 @@ _ELEMENT_ID = re.compile(r"(\d+)\[(\d+)\]")
 # Without -json (LSF before 10.1 Fix Pack 2), the same fields as text, one job a line, split
 # on a character no field of Klique's jobs holds (bjobs -o "... delimiter='c'").
 _DELIMITER = "^"
+_SECURE_JOB_INFO_LEVEL = re.compile(r"^\s*SECURE_JOB_INFO_LEVEL\s*=\s*(\d+)", re.MULTILINE)
 _SUBMITTED = re.compile(r"Job <(\d+)> is submitted")
 # bjobs with nothing to show: "No unfinished job found", "No job found" (bjobs(1); with
 # LSB_BJOBS_CONSISTENT_EXIT_CODE=Y it exits 255, by default 0).
 _NOTHING_FOUND = re.compile(r"^No (\w+ )?job found")
+# A named job that left mbatchd's memory (CLEAN_PERIOD): the others are listed all the same.
+_NOT_FOUND = re.compile(r"^Job <[^>]+> is not found")
 # A bjobs that does not know an option it was given answers with its usage.
 _OPTION_REFUSED = re.compile(r"illegal option|invalid option|unknown option|^Usage:", re.I | re.M)
 
@@ -151,8 +159,56 @@ class LsfDriver(BatchDriver):
     # "Passing arguments on the command line").
     ARRAY_INDEX = "LSB_JOBINDEX"
     ARRAY_FIRST = 1
+    # What a failed bsub proves. bsub prints lsb_sysmsg() and "Job not submitted." for every
+    # failure of lsb_submit, even one where mbatchd took the job and only its reply was
+    # lost: LSBE_LSLIB "Failed in an LSF library call" with LSE_MSG_SYS "Failed in
+    # sending/receiving a message" or LSE_TIME_OUT "Timeout on connect/receive call"
+    # (lsberrno.h, lserrno.h), LSBE_PROTOCOL "LSF protocol error", a reset connection. Those
+    # are unknown: the job may exist. mbatchd's own refusals (a queue, a limit) queued nothing.
+    SUBMIT_UNKNOWN = re.compile(
+        r"Failed in sending/receiving a message|Timeout on connect/receive call|"
+        r"LSF protocol error|Connection reset by peer"
+    )
+    # lsf.conf LSB_API_RECVTIMEOUT: how long the API waits for mbatchd's reply (10 s by
+    # default); the pool's `message_timeout` where a site sets it otherwise.
+    MESSAGE_TIMEOUT_S = 10.0
     MAX_ARRAY = 1000
     DIRECTIVE = "#BSUB"
+
+    def __init__(self, pool: Pool, context: Context, transport: Transport | None = None) -> None:
+        super().__init__(pool, context, transport)
+        self._requeues = RequeueCount()
+        self._job_ids: dict[str, list[str]] = {}  # the jobs the next status query names
+
+    async def check(self) -> list[str]:
+        problems = await super().check()
+        await self._read_params()
+        return problems
+
+    async def _read_params(self) -> None:
+        """lsb.params SECURE_JOB_INFO_LEVEL (`bparams -a`): at 1 to 5 each user sees the
+        details of only their own jobs, and bjobs answers another user's with nothing to tell
+        it by, no refusal: status runs as each mapped account from the start (unless the
+        pool's `status_per_account` says). Unread (an old bparams, LSF down), as before."""
+        if not self._detect_per_account or self._per_account:
+            return
+        try:
+            done = await self.transport.run(
+                ["bparams", "-a"], account=self.query_account(), timeout=30
+            )
+        except KliqueError:
+            return
+        level = secure_job_info_level(done.stdout) if done.returncode == 0 else None
+        if not level:
+            return
+        self._per_account = True
+        log.warning(
+            "pool %s: LSF's SECURE_JOB_INFO_LEVEL is %d (each user sees only their own jobs): "
+            "status runs one bjobs per mapped account. Set `status_per_account: true` on the "
+            "pool to say so",
+            self.pool.name,
+            level,
+        )
 
     def directives(self, task: Task, profile: Profile, job_dir: str) -> list[str]:
         settings = self.pool.settings
@@ -213,19 +269,37 @@ class LsfDriver(BatchDriver):
     def json(self) -> bool:
         return self.pool.settings.get("bjobs_json", True) is not False
 
+    async def poll(self, tasks: Sequence[Task]) -> dict[int, Observation]:
+        # The one query per cycle names the pool's jobs by id (an array by its number, which
+        # names every element: bjobs(1), "job_ID"), not every job of the cluster (-u all). A
+        # task whose submission's outcome is unknown has no id: then the accounts' jobs are
+        # listed, to find it.
+        self._job_ids = {}
+        if not any(t.state is TaskState.PLACED for t in tasks):
+            for task in sorted(tasks, key=lambda t: t.native_id or ""):
+                account = self.pool.user_map.account_for(task.owner)
+                if task.native_id and account:
+                    named = self._job_ids.setdefault(account, [])
+                    job_id = task.native_id.partition("[")[0]
+                    if job_id not in named:
+                        named.append(job_id)
+        return await super().poll(tasks)
+
     def status_argv(self, accounts: Sequence[str]) -> list[str]:
+        job_ids = [job_id for account in accounts for job_id in self._job_ids.get(account, [])]
         # -u takes one user name or "all"; jobs of accounts outside the pool are ignored.
         user = accounts[0] if len(accounts) == 1 else "all"
+        scope = job_ids or ["-u", user]
         if not self.json:
-            return ["bjobs", "-a", "-o", f"{_FIELDS} delimiter='{_DELIMITER}'", "-u", user]
-        return ["bjobs", "-a", "-o", _FIELDS, "-json", "-u", user]
+            return ["bjobs", "-a", "-o", f"{_FIELDS} delimiter='{_DELIMITER}'", *scope]
+        return ["bjobs", "-a", "-o", _FIELDS, "-json", *scope]
 
     def status_listed(self, done: Completed) -> bool:
         # With nothing to show bjobs exits 255 where LSB_BJOBS_CONSISTENT_EXIT_CODE=Y (0 by
         # default), and -json still prints an empty RECORDS list.
         lines = [line for line in done.stderr.splitlines() if line.strip()]
         if not self.json:
-            return all(_NOTHING_FOUND.match(line) for line in lines)
+            return all(_NOTHING_FOUND.match(line) or _NOT_FOUND.match(line) for line in lines)
         doc = _json_object(done.stdout)
         if doc is not None:
             return isinstance(doc.get("RECORDS"), list)
@@ -238,10 +312,46 @@ class LsfDriver(BatchDriver):
         return False
 
     def parse_status(self, stdout: str) -> list[NativeStatus]:
-        return parse_bjobs_json(stdout) if self.json else parse_bjobs_text(stdout)
+        found = parse_bjobs_json(stdout) if self.json else parse_bjobs_text(stdout)
+        return [self._requeues.seen(status) for status in found]
 
     def cancel_argv(self, native_id: str) -> list[str]:
         return ["bkill", native_id]
+
+
+# A job LSF has started, and one that waits (again): bjobs(1), "Job states".
+_STARTED = frozenset({"RUN", "USUSP", "SSUSP", "UNKWN"})
+_WAITING = frozenset({"PEND", "PSUSP", "PROV", "WAIT"})
+
+
+class RequeueCount:
+    """How often each job went back to waiting after it started, as Klique saw it. bjobs
+    shows no count of requeues (bjobs -o has no such field), and a requeued job keeps its
+    id: brequeue, an exit value in lsb.queues REQUEUE_EXIT_VALUES and a rerunnable job whose
+    host failed all put a started job back to PEND (IBM Spectrum LSF 10.1, "Automatic job
+    requeue", brequeue(1)). A job seen started, then waiting, was requeued: its count is the
+    base's restart count, so the task goes back to pending and its wait is not charged."""
+
+    def __init__(self) -> None:
+        self._jobs: dict[str, tuple[bool, int]] = {}  # id: (seen started since, requeues)
+
+    def seen(self, status: NativeStatus) -> NativeStatus:
+        started, count = self._jobs.get(status.native_id, (False, 0))
+        if status.state in _STARTED:
+            started = True
+        elif status.state in _WAITING and started:
+            started, count = False, count + 1
+        elif status.state not in _WAITING:  # ended (DONE, EXIT): it runs no more
+            self._jobs.pop(status.native_id, None)
+            return replace(status, restarts=count)
+        self._jobs[status.native_id] = (started, count)
+        return replace(status, restarts=count)
+
+
+def secure_job_info_level(params: str) -> int | None:
+    """`SECURE_JOB_INFO_LEVEL = N` in `bparams -a`; None where it is not shown."""
+    found = _SECURE_JOB_INFO_LEVEL.search(params)
+    return int(found[1]) if found else None
 
 
 def _per_element(line: str) -> str:

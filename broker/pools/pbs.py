@@ -146,6 +146,7 @@ _MAX_ARRAY_SIZE = re.compile(r'"max_array_size"\s*:\s*"?(\d+)')
 _DEFAULT_MAX_ARRAY_SIZE = 10000
 # TORQUE 6.1 "Server parameters", max_job_array_size: the most subjobs an array may have;
 # unset, no limit (src/server/job_array.cpp, parse_array_request), and Klique's own bound holds.
+_QUERY_OTHER_JOBS = re.compile(r'"?query_other_jobs"?\s*[=:]\s*"?(\w+)', re.IGNORECASE)
 _MAX_JOB_ARRAY_SIZE = re.compile(r"^\s+max_job_array_size = (\d+)\s*$", re.MULTILINE)
 # TORQUE's "Unknown Array ID" (PBSE_UNKARRAYID; src/server/req_stat.c rejects an array that has
 # left the server with "unable to find array", which qstat prints after "MSG=").
@@ -191,6 +192,22 @@ class PbsDriver(BatchDriver):
         f"{code}/{end}" for code in _FINISHED for end in ("completed", "failed", "signal", "ended")
     )
     OTHERS_HIDDEN = _OTHERS_HIDDEN
+    # What a failed qsub proves. qsub sends a job in phases (OpenPBS src/lib/Libifl/
+    # pbsD_submit.c: queue job, job script, commit, PBSD_commit) and the server queues it at
+    # the commit: a reply lost after that leaves a job qsub calls failed. Its words are the
+    # reply's decoding error (src/lib/Libdis dis_emsg: "Premature end of message", "Protocol
+    # failure in commit", "End of File"; Torque's qsub: "qsub: submit error (End of File)"),
+    # or, without a message, "qsub: Error (15031) submitting job" (src/cmds/qsub.c;
+    # PBSE_PROTOCOL, src/include/pbs_error.h). All of these are unknown: the job may exist.
+    # "cannot connect to server" (pbs_connect failed: nothing was sent) and the server's own
+    # refusals (a queue, a resource) mean nothing was queued: the task fails with its words.
+    SUBMIT_UNKNOWN = re.compile(
+        r"End of File|Premature end of message|Protocol failure in commit|"
+        r"Error \(15031\)|Connection reset by peer|[Tt]imed out"
+    )
+    # The client's wait for the server's reply: OpenPBS pbs_tcp_timeout
+    # (PBS_DIS_TCP_TIMEOUT_SHORT, 30 s); the pool's `message_timeout` where a site differs.
+    MESSAGE_TIMEOUT_S = 30.0
     # qsub(1B) -J X-Y: each subjob's index in PBS_ARRAY_INDEX (Torque's qsub -t: PBS_ARRAYID).
     # The server's max_array_size (Torque's max_job_array_size) bounds an array: the pool's
     # start reads it (the base's 1000 until it reads).
@@ -216,8 +233,9 @@ class PbsDriver(BatchDriver):
         """The server's max_array_size (`qstat -B -f -F json`, pbs_server_attributes(7B);
         10000 where the server shows none, OpenPBS PBS_MAX_ARRAYJOB_DFLT_SIZE), until it
         reads. A queue's own max_array_size is not read: the queue refuses a larger array.
-        Torque: max_job_array_size in `qstat -B -f -1`; where it is unset, the base's bound."""
-        if not self._uses_arrays():
+        Torque: max_job_array_size in `qstat -B -f -1`; where it is unset, the base's bound.
+        Its query_other_jobs too (see `_hides_others`), where the pool does not say."""
+        if not self._uses_arrays() and not self._detect_per_account:
             return
         torque = self.dialect == "torque"
         argv = ["qstat", "-B", "-f", *(["-1"] if torque else ["-F", "json"])]
@@ -228,9 +246,32 @@ class PbsDriver(BatchDriver):
         if done.returncode != 0:
             return
         self._server_read = True
+        self._hides_others(done.stdout)
+        if not self._uses_arrays():
+            return
         found = (_MAX_JOB_ARRAY_SIZE if torque else _MAX_ARRAY_SIZE).search(done.stdout)
         default = self.MAX_ARRAY if torque else _DEFAULT_MAX_ARRAY_SIZE
         self.max_array = int(found[1]) if found else default
+
+    def _hides_others(self, server: str) -> None:
+        """query_other_jobs false: status runs as each mapped account from the start. The
+        refusal (`Unauthorized Request`) cannot be waited for: Torque answers another
+        account's array with nothing at all and exit 0 (TORQUE src/server/req_stat.c skips
+        the permission error for an array's jobs), and its listing without ids shows only the
+        asker's jobs, so the job of a task whose submission's outcome is unknown would not be
+        found."""
+        if not self._detect_per_account or self._per_account:
+            return
+        if query_others(server, self.dialect) is not False:
+            return
+        self._per_account = True
+        log.warning(
+            "pool %s: the %s server's query_other_jobs is false (it shows each account only "
+            "its own jobs): status runs one query per mapped account. Set "
+            "`status_per_account: true` on the pool to say so",
+            self.pool.name,
+            "Torque" if self.dialect == "torque" else "PBS",
+        )
 
     def directives(self, task: Task, profile: Profile, job_dir: str) -> list[str]:
         settings = self.pool.settings
@@ -250,7 +291,7 @@ class PbsDriver(BatchDriver):
         count = profile.nodes
         if self.dialect == "torque":
             nodes = f"nodes={count}:ppn={profile.cpus}" + (f":gpus={gpus}" if gpus else "")
-            return [f"-l {nodes}", f"-l {memory}"]
+            return [f"-l {nodes}", f"-l {torque_memory(profile)}"]
         chunk = f"select={count}:ncpus={profile.cpus}" + (f":ngpus={gpus}" if gpus else "")
         # pbs_resources(7B) place=scatter: each chunk on a host of its own (one runner a node)
         scatter = ["-l place=scatter"] if count > 1 else []
@@ -356,6 +397,27 @@ class PbsDriver(BatchDriver):
 
     def cancel_argv(self, native_id: str) -> list[str]:
         return ["qdel", native_id]
+
+
+def torque_memory(profile: Profile) -> str:
+    """The memory request Torque honours. TORQUE 6.1 Administrator Guide, "Requesting
+    resources": `mem` "will only work for single-node jobs. If your job requires multiple
+    nodes, use pmem instead", and pmem bounds each process: a node's memory shared by the
+    ppn processes it runs, rounded up."""
+    if profile.nodes <= 1:
+        return f"mem={profile.memory_mb}mb"
+    return f"pmem={-(-profile.memory_mb // profile.cpus)}mb"
+
+
+def query_others(server: str, dialect: str) -> bool | None:
+    """The server's query_other_jobs in `qstat -B -f` (text or JSON); where it is not shown,
+    the vendor's default: true on PBS Professional (OpenPBS pbsd_init.c), false on Torque
+    (TORQUE 6.1 Administrator Guide, "Server parameters"), whose qstat shows only attributes
+    that are set. None where the answer shows no server at all."""
+    found = _QUERY_OTHER_JOBS.search(server)
+    if found is None:
+        return None if "Server" not in server else dialect != "torque"
+    return found[1].lower() in ("true", "1", "t", "y")
 
 
 def _array_of(native_id: str) -> str:

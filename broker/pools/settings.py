@@ -94,6 +94,9 @@ class BatchSettings(PoolSettings):
     skip_directives: list[str] = []
     poll_interval: Seconds = 10
     lost_after: Seconds = 120
+    # How long a lost submit reply's job may take to show in the scheduler's listing: the
+    # looks for its tag are this far apart (unset: what the scheduler says, or its default).
+    message_timeout: Seconds | None = None
     status_per_account: bool | None = None  # unset: one query, per account if others are hidden
     requeue_preempted: bool = False
     # Phases of a running job that the ledger charges (default none: a job whose nodes are

@@ -197,18 +197,32 @@ class SlurmDriver(BatchDriver):
     # sacct(1): NODE_FAIL ends a job whose node failed and that Slurm did not requeue (the
     # script says --no-requeue unless `requeue: slurm`): `requeue: klique` runs it again.
     NODE_FAILED = frozenset({"NODE_FAIL"})
-    # slurmctld did not answer (src/common/slurm_errno.c): the pool is down. For sbatch,
-    # SUBMIT_UNKNOWN is matched first, so only a failed connection ("Unable to contact slurm
-    # controller (connect failure)", ECONNREFUSED) proves that nothing was queued.
+    # What each sbatch failure proves (src/common/slurm_errno.c's texts; sbatch's own errors
+    # pass through _remap_slurmctld_errno in src/common/slurm_protocol_api.c, which names a
+    # failed send or receive of a request to slurmctld after the step it failed in):
+    #
+    #   sbatch says                                             what it proves
+    #   Unable to contact slurm controller (connect failure)    refused: nothing queued (pool down)
+    #   Connection refused                                      refused: nothing queued (pool down)
+    #   Unable to contact slurm controller (send failure)       refused: no whole request was sent
+    #   Unable to contact slurm controller (receive failure)    unknown: sent, the reply was lost
+    #   Socket timed out on send/recv operation                 unknown: may have been received
+    #   Zero Bytes were transmitted or received                 unknown: may have been received
+    #   Connection reset by peer                                unknown: may have been received
+    #   Incomplete message (SLURM_PROTOCOL_INCOMPLETE_PACKET)   unknown: may have been received
+    #   anything else (slurmctld's own refusal)                 refused: the task fails
+    #
+    # SUBMIT_UNKNOWN is matched first: the task's tag is looked up before it goes again.
     UNREACHABLE = re.compile(
         r"Unable to contact slurm controller|Socket timed out|"
         r"Zero Bytes were transmitted|Connection refused"
     )
-    # The request may have arrived and only the reply was lost (slurm_errno.c:
-    # SLURM_PROTOCOL_SOCKET_IMPL_TIMEOUT "Socket timed out on send/recv operation",
-    # SLURM_PROTOCOL_SOCKET_ZERO_BYTES_SENT "Zero Bytes were transmitted or received"): slurmctld
-    # may have created the job, so its tag is looked up before the task goes again.
-    SUBMIT_UNKNOWN = re.compile(r"Socket timed out|Zero Bytes were transmitted")
+    SUBMIT_UNKNOWN = re.compile(
+        r"receive failure|Socket timed out|Zero Bytes were transmitted|"
+        r"Connection reset by peer|Incomplete (?:message|packet)"
+    )
+    # slurm.conf(5) MessageTimeout: default 10 s; the pool's start reads slurmctld's.
+    MESSAGE_TIMEOUT_S = 10.0
     # sbatch(1) --array: each element's index in SLURM_ARRAY_TASK_ID; squeue and scancel name
     # an element ARRAYID_INDEX. slurm.conf(5) MaxArraySize (default 1001) bounds the index:
     # the pool's start reads it.
@@ -257,6 +271,9 @@ class SlurmDriver(BatchDriver):
         largest = config_value(config or "", "MaxArraySize")
         if largest is not None and largest.isdigit():
             self.max_array = int(largest)  # indices 0 to MaxArraySize - 1
+        timeout = parse_message_timeout(config or "")
+        if timeout is not None and not self.pool.settings.get("message_timeout"):
+            self.message_timeout_s = timeout
         if not self._detect_per_account:
             return  # the pool's status_per_account decides
         private = parse_private_data(config) if config is not None else None
@@ -414,6 +431,12 @@ def parse_private_data(stdout: str) -> frozenset[str] | None:
         return None
     words = {w.strip().lower() for w in value.split(",") if w.strip()}
     return frozenset(words - {"none", "(null)"})
+
+
+def parse_message_timeout(stdout: str) -> float | None:
+    """`scontrol show config`'s `MessageTimeout = 10 sec` in seconds; None when absent."""
+    found = re.match(r"(\d+)", config_value(stdout, "MessageTimeout") or "")
+    return float(found[1]) if found else None
 
 
 def config_value(stdout: str, name: str) -> str | None:

@@ -19,6 +19,7 @@ from broker.scheduler.agent import PoolAgent
 from broker.scheduler.link import ACTIVE, HOLDING, StoreLink
 from broker.scheduler.placement import (
     ActiveTask,
+    PendingCode,
     PendingReason,
     PoolState,
     QueuedTask,
@@ -156,10 +157,18 @@ class Scheduler:
         there, or its pool may have said more, since that cycle)."""
         if task.state is TaskState.QUEUED:
             return self.pending.get(task.id)
+        if task.state is TaskState.PLACED:
+            return self._outcome_unknown(task)
         if task.state not in (TaskState.SUBMITTED, TaskState.PENDING):
             return None
         withdrawn = {task.id} if task.intent == "withdraw" else set()
         return pool_queue_reasons(self.estate, [_active(task, time.time())], withdrawn)[task.id]
+
+    def _outcome_unknown(self, task: Task) -> PendingReason | None:
+        """A placed task whose submission's reply was lost: looked for before it goes again."""
+        driver = self.drivers.get(task.pool or "")
+        words = driver.outcome_unknown(task.id) if driver is not None else None
+        return PendingReason(PendingCode.OUTCOME_UNKNOWN, words) if words else None
 
     def strangers(self, pool: str) -> set[str]:
         if pool in self.remote:

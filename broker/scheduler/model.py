@@ -89,6 +89,7 @@ class PendingCode(enum.StrEnum):
     RECLAIM = "reclaim"
     NO_CAPACITY = "no-capacity"
     POOL_QUEUE = "pool-queue"
+    OUTCOME_UNKNOWN = "outcome-unknown"  # placed: the submit command's reply was lost
 
     @property
     def sentence(self) -> str:
@@ -101,6 +102,7 @@ _SENTENCES = {
     PendingCode.RECLAIM: "borrowed runs are handing back the team's reservation",
     PendingCode.NO_CAPACITY: "no pool in the profile can start it now",
     PendingCode.POOL_QUEUE: "pending in the pool's own queue",
+    PendingCode.OUTCOME_UNKNOWN: "its submission's reply was lost: the pool may have queued it",
 }
 
 

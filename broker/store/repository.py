@@ -343,6 +343,7 @@ class Store(RecordMethods):
         with_diff: bool = True,
         sweep: int | None = None,
         ids: Collection[int] | None = None,
+        project: str | None = None,
     ) -> list[Task]:
         """Tasks in id order (newest first if asked), from `before` down when paging; listings
         pass with_diff=False so that no stored diff is loaded. `ids`: only these."""
@@ -357,6 +358,8 @@ class Store(RecordMethods):
             query = query.where(TaskRow.state.in_([s.value for s in states]))
         if pool is not None:
             query = query.where(TaskRow.pool == pool)
+        if project is not None:
+            query = query.where(TaskRow.project == project)
         if sweep is not None:
             query = query.where(TaskRow.sweep_id == sweep)
         query = query.order_by(TaskRow.id.desc() if newest_first else TaskRow.id)

@@ -343,6 +343,7 @@ class ChaosRun:
         self.lives = 0
         self.port = free_port()  # kept across restarts: a remote agent knows this address
         self.routes_port = free_port()  # named, not the default next port, which may be taken
+        self.env: dict[str, str] = {}  # more of the server's environment (a PATH of its own)
 
     # The server.
 
@@ -352,7 +353,8 @@ class ChaosRun:
         port = self.port
         args = [sys.executable, "-m", "broker", "server", "--port", str(port)]
         args += ["--routes-port", str(self.routes_port)]
-        env = {**os.environ, "KLIQUE_HOME": str(self.home)}
+        args += ["--public-url", f"http://127.0.0.1:{port}"]  # the simulated nodes are here
+        env = {**os.environ, **self.env, "KLIQUE_HOME": str(self.home)}
         env.pop("KLIQUE_CRASH_AT", None)
         if crash_at:
             env["KLIQUE_CRASH_AT"] = crash_at
@@ -1156,3 +1158,72 @@ def _states(job_ids: set[int]) -> set[str]:
         ]
     )
     return {line.split("|")[1] for line in listing.split() if "|" in line}
+
+
+# sbatch as it answers when its exchange with slurmctld breaks: it runs the real sbatch (the
+# job exists in Slurm) and then reports the receive failure that _remap_slurmctld_errno
+# (src/common/slurm_protocol_api.c) gives a lost reply; or, for the request itself lost, it
+# reports that failure without running it. Each fault is a ticket (a folder made once, by
+# whichever account's sbatch takes it first).
+LOSSY_SBATCH = """#!/bin/sh
+for i in $(seq 1 {replies}); do
+  if mkdir "{tickets}/reply-$i" 2>/dev/null; then
+    {sbatch} "$@" >/dev/null 2>&1
+    echo "sbatch: error: Batch job submission failed: {lost}" >&2
+    exit 1
+  fi
+done
+for i in $(seq 1 {requests}); do
+  if mkdir "{tickets}/request-$i" 2>/dev/null; then
+    echo "sbatch: error: Batch job submission failed: {timed_out}" >&2
+    exit 1
+  fi
+done
+exec {sbatch} "$@"
+"""
+
+
+def lost_submit_replies(
+    workdir: Path, tasks: int = 24, replies: int = 6, requests: int = 3
+) -> Outcome:
+    """sbatch's reply lost after slurmctld queued the job (`replies` times), and the request
+    lost before it (`requests` times): every task whose job exists is adopted by its tag,
+    every other one goes again after two looks a MessageTimeout apart; Slurm's own records
+    show one job per task, and every task ends as its command says."""
+    started = time.monotonic()
+    problems: list[str] = []
+    with chaos_run("lost-replies", workdir) as run:
+        bin_dir = run.job_root / "lossy-bin"
+        tickets = run.job_root / "lossy-tickets"
+        for folder in (bin_dir, tickets):
+            folder.mkdir()
+            os.chmod(folder, 0o1777)
+        real = shutil.which("sbatch")
+        assert real, "sbatch is not on PATH"
+        wrapper = bin_dir / "sbatch"
+        wrapper.write_text(
+            LOSSY_SBATCH.format(
+                replies=replies,
+                requests=requests,
+                tickets=tickets,
+                sbatch=real,
+                lost="Unable to contact slurm controller (receive failure)",
+                timed_out="Socket timed out on send/recv operation",
+            )
+        )
+        wrapper.chmod(0o755)
+        run.env["PATH"] = f"{bin_dir}:{os.environ['PATH']}"
+        run.launch()
+        run.submit(mixed_work(tasks))
+        if not run.wait_final(300):
+            problems.append("not every task ended within 300 s")
+        taken = len(list(tickets.iterdir()))
+        if taken != replies + requests:
+            problems.append(f"{taken} of {replies + requests} lost exchanges happened")
+        log = (run.home / "server.log").read_text(errors="replace")
+        if "submission outcome unknown" not in log:
+            problems.append("no submission's outcome was unknown: the fault was missed")
+        run.stop()
+        outcome = run.account("lost-submit-replies", taken, started)
+    outcome.problems += problems
+    return outcome

@@ -24,6 +24,7 @@ from chaos_scenarios import (
     foreign_tag,
     fresh_postgres_schema,
     hard_kills,
+    lost_submit_replies,
     short_min_job_age,
     slurm_script,
     ssh_drops,
@@ -65,6 +66,13 @@ def test_sigkill_during_job_array_submissions_loses_and_doubles_no_element(
 @pytest.mark.slurm
 def test_a_foreign_job_with_a_tasks_tag_is_never_adopted(cluster: Any, tmp_path: Path) -> None:
     check(foreign_tag(tmp_path))
+
+
+@pytest.mark.slurm
+def test_sbatch_replies_lost_after_slurmctld_queued_the_jobs_double_and_lose_nothing(
+    cluster: Any, tmp_path: Path
+) -> None:
+    check(lost_submit_replies(tmp_path))
 
 
 @pytest.mark.slurm

@@ -88,8 +88,8 @@ def test_a_sweep_runs_as_one_lsf_job_array_with_each_element_its_own_task(
         )
         assert done.stdout == f"Job <{element}> is being requeued \n", done
         # bjobs shows no count of runs: through the element's second run, and the listings
-        # Klique reads meanwhile, the task stays running (the first run's exit file is not
-        # its end).
+        # Klique reads meanwhile, the task runs again (the first run's exit file is not its
+        # end); a listing that caught it pending again put it back to pending as requeued.
         await until(lambda: runs_of(record) == 2, "the second run", running)
         calls = driver.status_calls
         await until(lambda: driver.status_calls >= calls + 2, "two listings", running)
@@ -103,10 +103,11 @@ def test_a_sweep_runs_as_one_lsf_job_array_with_each_element_its_own_task(
     assert tasks[FAILS].exit_code == 3
     assert running_then == [TaskState.RUNNING] and runs_of(record) == 2
     assert tasks[REQUEUED].exit_code == 0
-    # (It may have waited for a slot before its first run, never after.)
+    # (It may have waited for a slot before its first run; after it, only as requeued.)
     events = store.events(ids[REQUEUED])
     first_run = next(n for n, e in enumerate(events) if e["to"] == "running")
-    assert not [e for e in events[first_run:] if e["to"] == "pending"], events
+    waits = [e for e in events[first_run:] if e["to"] == "pending"]
+    assert all("requeued by lsf" in e["reason"] for e in waits), events
 
     # One array, its elements 1..N one per task in the sweep's order, each task's own.
     arrays = {str(t.native_id).partition("[")[0] for t in tasks}

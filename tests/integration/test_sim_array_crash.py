@@ -59,6 +59,7 @@ def crashing_server(home: Path, estate: Path, path: str, point: str) -> int:
     port = free_port()
     args = [sys.executable, "-m", "broker", "server", "--port", str(port), "--estate", str(estate)]
     args += ["--routes-port", str(free_port())]
+    args += ["--public-url", f"http://127.0.0.1:{port}"]  # the simulated nodes are here
     env = {**os.environ, "KLIQUE_HOME": str(home), "PATH": path, "KLIQUE_CRASH_AT": point}
     with (home / "server.log").open("ab") as log:
         process = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)

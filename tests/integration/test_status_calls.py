@@ -66,12 +66,10 @@ def looks(server: Server) -> int:
 
 
 def covers_the_pool(scheduler: str, call: str, native_ids: set[str]) -> bool:
-    """One call asks for every job of the pool: by account (Slurm, LSF) or by id (PBS)."""
+    """One call asks for every job of the pool: by account (Slurm) or by id (PBS, LSF)."""
     words = shlex.split(call)
     if scheduler == "slurm":
         return "--users=alice" in words
-    if scheduler == "lsf":
-        return words[-2:] == ["-u", "alice"]
     return native_ids <= set(words)
 
 

@@ -17,6 +17,7 @@ from scripted_transport import Answer, ScriptedTransport
 from broker.domain import Task, TaskState
 from broker.estate import parse_estate
 from broker.pools.base import Context
+from broker.pools.lsf import LsfDriver
 from broker.pools.pbs import PbsDriver
 from broker.preview import sample_task
 from broker.transport import Completed
@@ -126,6 +127,98 @@ def test_with_status_per_account_false_a_refusal_is_the_pools_error():
     else:
         raise AssertionError("the refused query should fail the poll")
     assert len(status_queries(transport)) == 1
+
+
+# Two arrays of one subjob each, alice's and bob's: array id -> (owner, subjob, its task's tag).
+ARRAYS = {"10[].tq": ("alice", "10[1].tq", "klique-1"), "11[].tq": ("bob", "11[1].tq", "klique-2")}
+
+
+def torque_silent_on_others_arrays(argv: list[str], account: str) -> Completed:
+    """Torque at its default query_other_jobs false (qstat -B -f -1 shows it), asked with -t:
+    another account's array named by its id shows nothing and exits 0 (TORQUE
+    src/server/req_stat.c), as the simulator does (test_simulators.py)."""
+    if "-B" in argv:
+        return Completed(0, (DATA / "torque" / "qstat_B_f_1.txt").read_text(), "")
+    named = [ARRAYS[a] for a in argv if a in ARRAYS] or list(ARRAYS.values())
+    shown = [torque_job(sub, tag, "R") for owner, sub, tag in named if owner == account]
+    return Completed(0, "".join(shown), "")
+
+
+def test_torque_hiding_other_accounts_arrays_is_read_from_the_server_at_start():
+    driver, transport, estate = pool_of(", dialect: torque", torque_silent_on_others_arrays)
+    tasks = [
+        replace(running(estate, 1, "alice", "10[1].tq"), state=TaskState.PENDING),
+        replace(running(estate, 2, "bob", "11[1].tq"), state=TaskState.PENDING),
+    ]
+    asyncio.run(driver.check())  # the pool's start, which reads the server's settings
+    transport.calls.clear()
+    seen = poll(driver, tasks)
+    assert (seen[1].state, seen[2].state) == (TaskState.RUNNING, TaskState.RUNNING)
+    assert status_queries(transport) == [
+        (["qstat", "-t", "-f", "-1", "10[].tq"], "alice"),
+        (["qstat", "-t", "-f", "-1", "11[].tq"], "bob"),
+    ]
+
+
+def test_torques_listing_for_a_lost_submit_reply_runs_as_each_account():
+    """A task whose submission's outcome is unknown is looked for in a listing without ids,
+    which Torque filters to the asker's own jobs: it runs as each account."""
+    driver, transport, estate = pool_of(", dialect: torque", torque_silent_on_others_arrays)
+    unknown = replace(running(estate, 2, "bob", "11[1].tq"), state=TaskState.PLACED)
+    asyncio.run(driver.check())
+    transport.calls.clear()
+    poll(driver, [running(estate, 1, "alice", "10[1].tq"), replace(unknown, native_id=None)])
+    assert sorted(account for _, account in status_queries(transport)) == ["alice", "bob"]
+
+
+LSF_PARAMS = """System default queues for automatic queue selection:
+    normal
+
+    MAX_JOB_ARRAY_SIZE = 1000
+    SECURE_JOB_INFO_LEVEL = {level}
+"""
+LSF_JOBS = {"3001": "alice", "3002": "bob"}
+
+
+def lsf_at_level(level: int) -> Any:
+    """lsb.params SECURE_JOB_INFO_LEVEL: from 1, bjobs shows each user only their own jobs
+    and says nothing of the others (the simulator, test_simulators.py)."""
+
+    def answer(argv: list[str], account: str) -> Completed:
+        if argv[0] == "bparams":
+            return Completed(0, LSF_PARAMS.format(level=level), "")
+        if argv[0] != "bjobs":
+            return Completed(0, "", "")  # the start's other checks
+        named = argv[argv.index("-json") + 1 :]
+        records = [
+            {"JOBID": job, "JOBINDEX": "0", "STAT": "RUN", "USER": owner,
+             "JOB_NAME": f"klique-{job[-1]}"}
+            for job, owner in LSF_JOBS.items()
+            if job in named and (not level or owner == account)
+        ]  # fmt: skip
+        return Completed(0, json.dumps({"RECORDS": records}), "")
+
+    return answer
+
+
+def test_lsfs_secure_job_info_level_is_read_at_start_and_status_runs_per_account():
+    found = []
+    for level in (0, 1):
+        estate = estate_of("lsf")
+        context = Context(estate, Path("."), Path("klique-runner.pyz"), None)
+        transport = ScriptedTransport(lsf_at_level(level))
+        driver = LsfDriver(estate.pools["p"], context, transport)
+        asyncio.run(driver.check())  # the pool's start
+        transport.calls.clear()
+        tasks = [
+            replace(running(estate, 1, "alice", "3001"), state=TaskState.PENDING),
+            replace(running(estate, 2, "bob", "3002"), state=TaskState.PENDING),
+        ]
+        seen = poll(driver, tasks)
+        assert sorted(seen) == [1, 2] and {s.state for s in seen.values()} == {TaskState.RUNNING}
+        found.append([(argv[argv.index("-json") + 1 :], a) for argv, a in transport.calls])
+    # bjobs names the pool's jobs, never -u all: each account's own where others are hidden.
+    assert found == [[(["3001", "3002"], "alice")], [(["3001"], "alice"), (["3002"], "bob")]]
 
 
 def pbs_without_history(argv: list[str], account: str) -> Completed:

@@ -144,6 +144,18 @@ def test_status_asks_for_the_pools_accounts_and_reads_an_empty_answer():
     assert not lsf.status_listed(Completed(255, "", "LSF is down. Please wait ...\n"))
 
 
+def test_status_names_the_pools_jobs_by_id_and_reads_through_unknown_ids():
+    """bjobs(1) job_ID: the pool's jobs, an array by its number (every element), rather than
+    -u all of the whole cluster; a named job LSF no longer knows is said on stderr (255)."""
+    lsf, _ = driver()
+    lsf._job_ids = {"alice": ["3001", "3000"], "bob": ["3002"]}
+    assert lsf.status_argv(["alice", "bob"])[-3:] == ["3001", "3000", "3002"]
+    assert "-u" not in lsf.status_argv(["alice", "bob"])
+    text, _ = driver(", bjobs_json: false")
+    unknown = (DATA / "bjobs_unknown.stderr").read_text()
+    assert text.status_listed(Completed(255, "", unknown))
+
+
 def test_lines_lsf_prints_before_the_json_are_passed_over():
     text = (DATA / "bjobs_o_json_please_wait.json").read_text()
     assert text.startswith("Cannot connect to LSF. Please wait ...")

@@ -154,6 +154,31 @@ def test_lsfs_term_preempt_is_a_preemption():
     assert "TERM_PREEMPT" in seen.reason
 
 
+LSF_ELEMENT = '{{"RECORDS": [{{"JOBID": "3000", "JOBINDEX": "2", "STAT": "{stat}", "USER": "alice", "JOB_NAME": "klique-sweep[2]", "PEND_REASON": "{reason}"}}]}}'  # noqa: E501
+
+
+def test_an_lsf_job_seen_running_then_pending_was_requeued_and_its_wait_is_not_charged():
+    """bjobs shows no count of requeues: brequeue or REQUEUE_EXIT_VALUES puts the running
+    element back to PEND under its id (the simulator's brequeue, test_simulator_requeue.py)."""
+    shown = [LSF_ELEMENT.format(stat="RUN", reason="")]
+    transport = ScriptedTransport(lambda argv, account: Completed(0, shown[-1], ""))
+    lsf, estate = driver_answering("lsf", "")
+    lsf.transport = transport
+    task = task_of(estate, "3000[2]")
+    assert poll(lsf, [task]) == {}  # running, as the task is
+    shown.append(LSF_ELEMENT.format(stat="PEND", reason="Job was requeued"))
+    seen = poll(lsf, [task])[1]
+    assert (seen.state, seen.requeued) == (TaskState.PENDING, True)
+    assert "requeued by lsf (restart 1)" in seen.reason
+    waiting = replace(task, state=TaskState.PENDING)
+    assert poll(lsf, [waiting]) == {}  # pending, as it now is
+    shown.append(LSF_ELEMENT.format(stat="RUN", reason=""))
+    assert poll(lsf, [waiting])[1].state is TaskState.RUNNING
+    # A job first seen pending has not been seen to run: nothing says it was requeued.
+    fresh, estate = driver_answering("lsf", LSF_ELEMENT.format(stat="PEND", reason=""))
+    assert not poll(fresh, [task_of(estate, "3000[2]")])[1].requeued
+
+
 # One rule on every batch kind: a suspended job is not charged (Slurm's SUSPENDED is tested in
 # test_slurm_states.py); a pool's `charge_phases: [suspended]` charges it.
 LSF_SUSPENDED = '{{"RECORDS": [{{"JOBID": "3000", "JOBINDEX": "0", "STAT": "{stat}", "USER": "alice", "JOB_NAME": "klique-1", "SUSPEND_REASON": "The job was suspended by LSF"}}]}}'  # noqa: E501

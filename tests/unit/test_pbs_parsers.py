@@ -328,6 +328,17 @@ def test_torque_directives_ask_for_nodes_ppn_and_gpus():
     ]
 
 
+def test_torque_memory_of_a_multi_node_job_is_asked_per_process():
+    # TORQUE 6.1 "Requesting resources": mem works only for single-node jobs; pmem otherwise.
+    pbs, task = driver(", dialect: torque", "nodes: 2, cpus: 4, memory: 1G")
+    assert directive_lines(pbs.render(task))[1:3] == [
+        "#PBS -l nodes=2:ppn=4",
+        "#PBS -l pmem=256mb",  # each node's 1024 MB over its 4 processes
+    ]
+    odd, task = driver(", dialect: torque", "nodes: 3, cpus: 3, memory: 1G")
+    assert directive_lines(odd.render(task))[2] == "#PBS -l pmem=342mb"  # rounded up
+
+
 def test_a_hostile_pool_setting_never_reaches_the_script():
     pbs, task = driver(", queue: 'gpu; touch /tmp/pwned'")
     with pytest.raises(TemplateError):

@@ -277,10 +277,12 @@ def test_five_hundred_submissions_from_several_processes(cluster):
 # ---- server settings: the vendor's default and the common other value -----------------------
 
 
-def _waiting_job(cluster: Cluster, name: str, **kw) -> tuple[str, Path]:
+def _waiting_job(
+    cluster: Cluster, name: str, extra: tuple[str, ...] = (), **kw
+) -> tuple[str, Path]:
     release = cluster.work / f"{name}.release"
     body = f"while [ ! -e {release} ]; do sleep 0.05; done\n"
-    return cluster.submit(cluster.script(name, body), **kw), release
+    return cluster.submit(cluster.script(name, body), *extra, **kw), release
 
 
 @pytest.mark.parametrize("cluster", ["pbspro"], indirect=True)
@@ -326,6 +328,41 @@ def test_query_other_jobs_decides_who_sees_a_job(cluster, setting, visible):
         assert by_id.stderr == f"qstat: Unauthorized Request  {job_id}\n"
         assert job_id.split(".")[0] not in listing.stdout
     assert cluster.run("qstat", "-f", job_id).returncode in (0, 35)  # the owner always sees it
+
+
+@pytest.mark.parametrize("cluster", ["torque"], indirect=True)
+def test_torque_answers_another_accounts_array_with_nothing_and_exit_0(cluster):
+    """query_other_jobs false (Torque's default): TORQUE src/server/req_stat.c skips the
+    permission error for an array's jobs, so another account's array named by its id shows
+    nothing and exits 0, where one of its subjobs named alone is refused."""
+    job_id, release = _waiting_job(cluster, "hidden-array", extra=("-t", "0-1"))
+    number, _, server = job_id.partition("[]")
+    as_array = as_account("bob", cluster, "qstat", "-t", "-f", "-1", job_id)
+    as_subjob = as_account("bob", cluster, "qstat", "-f", "-1", f"{number}[0]{server}")
+    own = cluster.run("qstat", "-t", "-f", "-1", job_id)
+    release.touch()
+    assert (as_array.returncode, as_array.stdout, as_array.stderr) == (0, "", "")
+    assert as_subjob.returncode == 159 and "Unauthorized Request" in as_subjob.stderr
+    assert own.stdout.count("Job Id:") == 2  # its owner sees both subjobs
+
+
+@pytest.mark.parametrize(("cluster", "level"), [("lsf", None), ("lsf", "1")], indirect=["cluster"])
+def test_lsfs_secure_job_info_level_hides_other_users_jobs(cluster, level):
+    """lsb.params SECURE_JOB_INFO_LEVEL (default 0): at 1 to 5 a user sees only their own
+    jobs; `bparams -a` shows the level."""
+    env = {"KLIQUE_SIM_LSF_SECURE_JOB_INFO_LEVEL": level} if level else {}
+    job_id, release = _waiting_job(cluster, "secret", env=env)
+    listing = as_account("bob", cluster, "bjobs", "-a", "-u", "all", "-o", "jobid", "-json")
+    by_id = as_account("bob", cluster, "bjobs", "-o", "jobid", "-json", job_id)
+    params = as_account("bob", cluster, "bparams", "-a")
+    release.touch()
+    assert f"SECURE_JOB_INFO_LEVEL = {level or 0}" in params.stdout
+    shown = [r["JOBID"] for r in json.loads(listing.stdout)["RECORDS"]]
+    named = json.loads(by_id.stdout)["RECORDS"]
+    if level:
+        assert shown == [] and named == [{"JOBID": job_id, "ERROR": f"Job <{job_id}> is not found"}]
+    else:
+        assert shown == [job_id] and named == [{"JOBID": job_id}]
 
 
 @pytest.mark.parametrize(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import grp
 import os
 import pwd
@@ -172,3 +173,39 @@ def short_options(args: list[str], spec: str, permute: bool = True) -> tuple[lis
             j += 1
         i += 1
     return opts, operands
+
+
+# The chaos switch that loses a submit command's reply: a count in `lose-replies` of the
+# scheduler's state folder. While it is above 0, each submission is accepted (the job is
+# queued as usual) and the command then reports the communication error its real
+# counterpart prints when the server's reply never reaches it, and fails; each takes one off.
+LOST_REPLY = {
+    # OpenPBS src/cmds/qsub.c: a failed pbs_submit with no server message prints the error
+    # number; PBSE_PROTOCOL (15031, src/include/pbs_error.h) is a reply that could not be read.
+    "pbspro": "qsub: Error (15031) submitting job",
+    # TORQUE src/cmds/qsub_functions.c: "qsub: submit error (%s)" with the DIS decoding
+    # error's text (src/lib/Libdis dis_emsg[DIS_EOF], "End of File").
+    "torque": "qsub: submit error (End of File)",
+    # bsub: lsb_sysmsg() then "Job not submitted." for any lsb_submit failure; LSBE_LSLIB with
+    # LSE_MSG_SYS (lsberrno.h, lserrno.h) when the reply's read fails.
+    "lsf": "Failed in an LSF library call: Failed in sending/receiving a message: "
+    "Connection reset by peer. Job not submitted.",
+}
+
+
+def take_lost_reply(sim_dir: str) -> bool:
+    """Whether this submission's reply is to be lost (the switch above), taking one off."""
+    path = os.path.join(sim_dir, "lose-replies")
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except FileNotFoundError:
+        return False
+    with os.fdopen(fd, "r+") as switch:
+        fcntl.flock(switch, fcntl.LOCK_EX)
+        left = int(switch.read().strip() or 0)
+        if left <= 0:
+            return False
+        switch.seek(0)
+        switch.truncate()
+        switch.write(str(left - 1))
+        return True

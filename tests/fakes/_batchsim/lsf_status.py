@@ -81,6 +81,31 @@ def _wanted(job: dict, flags: dict, me: str) -> bool:
     return job["state"] != DONE
 
 
+def hidden(job: dict, cfg: dict) -> bool:
+    """lsb.params SECURE_JOB_INFO_LEVEL 1 to 5 (IBM Spectrum LSF 10.1 Configuration
+    Reference): a user sees the details of only their own jobs; another user's job is not
+    shown (the simulator keeps level 1's rule at every level: the others show no details
+    that a status query could use). Root, as an LSF administrator, sees every job."""
+    uid = os.getuid()
+    return bool(cfg.get("secure_job_info_level")) and uid != 0 and job["uid"] != uid
+
+
+def bparams_main(flavor: str, argv: list[str]) -> int:
+    """`bparams -a`: every lsb.params parameter as `NAME = value` (IBM Spectrum LSF 10.1
+    Command Reference, bparams -a); the simulator shows those it follows."""
+    if argv != ["-a"]:
+        return fail(CommandError("Usage: bparams [-h] [-V] [-l | -a]", 255))
+    with Sim(flavor).reading() as data:
+        cfg = data["config"]
+    sys.stdout.write(
+        "System default queues for automatic queue selection:\n"
+        f"    {cfg['queues'][0]}\n\n"
+        f"    MAX_JOB_ARRAY_SIZE = {cfg['max_job_array_size']}\n"
+        f"    SECURE_JOB_INFO_LEVEL = {cfg.get('secure_job_info_level') or 0}\n"
+    )
+    return 0
+
+
 def bjobs_main(flavor: str, argv: list[str]) -> int:
     as_json = "-json" in argv
     noheader = "-noheader" in argv
@@ -102,11 +127,11 @@ def bjobs_main(flavor: str, argv: list[str]) -> int:
     shown, missing = [], []
     if operands:
         for operand in operands:
-            found = named_jobs(jobs, operand)
+            found = [j for j in named_jobs(jobs, operand) if not hidden(j, cfg)]
             (shown.extend(found) if found else missing.append(operand))
     else:
         shown = sorted(
-            (j for j in jobs.values() if _wanted(j, flags, me)),
+            (j for j in jobs.values() if _wanted(j, flags, me) and not hidden(j, cfg)),
             key=lambda j: (ORDER[stat(j)], j["id"]),
         )
     rows = [{n.upper(): FIELDS[n](job, cfg, now) for n in names} for job in shown]

@@ -22,7 +22,15 @@ import os
 import re
 import sys
 
-from .common import CommandError, fail, invoking_user, parse_size, scan_directives
+from .common import (
+    LOST_REPLY,
+    CommandError,
+    fail,
+    invoking_user,
+    parse_size,
+    scan_directives,
+    take_lost_reply,
+)
 from .state import Sim, allocate_id, array_element, beyond_host, host_names, new_job
 from .supervisor import ensure_supervisor
 
@@ -234,6 +242,9 @@ def bsub_main(flavor: str, argv: list[str]) -> int:
         sim, seq, queue, default_queue = submit(argv)
     except CommandError as error:
         return fail(error)
+    if take_lost_reply(sim.dir):  # mbatchd queued it; its reply lost
+        ensure_supervisor(sim)
+        return fail(CommandError(LOST_REPLY["lsf"], 255))
     where = "default queue" if default_queue else "queue"
     sys.stdout.write(f"Job <{seq}> is submitted to {where} <{queue}>.\n")
     sys.stdout.flush()

@@ -213,6 +213,10 @@ def _one(
             return f"qstat: {message} {shown}", status
         if not subjobs or array_forgotten(subjobs, cfg, flavor):
             return unknown, 153
+        if not _visible(subjobs[0], cfg) and flavor == "torque" and index == "":
+            # TORQUE src/server/req_stat.c: an array's jobs (tjstArray) that the asker may
+            # not see are skipped without the permission error: nothing shown, exit 0.
+            return None
         if not _visible(subjobs[0], cfg):
             return f"{UNAUTHORIZED[0]} {shown}", UNAUTHORIZED[1]
         if not _array_listed(flavor, subjobs, cfg, history):

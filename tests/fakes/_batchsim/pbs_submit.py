@@ -16,7 +16,15 @@ import shlex
 import sys
 
 from . import pbs_arrays, pbs_resources, torque_arrays
-from .common import CommandError, fail, invoking_user, scan_directives, short_host
+from .common import (
+    LOST_REPLY,
+    CommandError,
+    fail,
+    invoking_user,
+    scan_directives,
+    short_host,
+    take_lost_reply,
+)
 from .state import Sim, allocate_id, array_element, beyond_host, host_names, new_job
 from .supervisor import ensure_supervisor
 
@@ -187,6 +195,9 @@ def qsub_main(flavor: str, argv: list[str]) -> int:
         sim, job_id = submit(flavor, argv)
     except CommandError as error:
         return fail(error)
+    if take_lost_reply(sim.dir):  # queued at the commit; its reply lost
+        ensure_supervisor(sim)
+        return fail(CommandError(LOST_REPLY[flavor], 1))
     sys.stdout.write(job_id + "\n")
     sys.stdout.flush()
     ensure_supervisor(sim)

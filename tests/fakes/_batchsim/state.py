@@ -50,6 +50,9 @@ VENDOR_DEFAULTS = {
         "runlimit_grace": 600.0,
         "max_job_array_size": 1000,
         "preempt_after": None,
+        # IBM Spectrum LSF 10.1 Configuration Reference, lsb.params SECURE_JOB_INFO_LEVEL:
+        # 0 by default, every user sees every job.
+        "secure_job_info_level": 0,
     },
 }
 PBS_VERSION = "2022.1.3.20230614134139"
@@ -68,6 +71,8 @@ def _config_from_env() -> dict:
         found["runlimit_grace"] = env_float("KLIQUE_SIM_LSF_RUNLIMIT_GRACE", 600.0)
     if env.get("KLIQUE_SIM_LSF_PREEMPT_AFTER"):
         found["preempt_after"] = env_float("KLIQUE_SIM_LSF_PREEMPT_AFTER", 0.0) or None
+    if env.get("KLIQUE_SIM_LSF_SECURE_JOB_INFO_LEVEL"):
+        found["secure_job_info_level"] = env_int("KLIQUE_SIM_LSF_SECURE_JOB_INFO_LEVEL", 0)
     if env.get("KLIQUE_SIM_LSF_MAX_JOB_ARRAY_SIZE"):
         found["max_job_array_size"] = env_int("KLIQUE_SIM_LSF_MAX_JOB_ARRAY_SIZE", 1000)
     if env.get("KLIQUE_SIM_TORQUE_MAX_JOB_ARRAY_SIZE"):
