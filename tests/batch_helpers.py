@@ -3,6 +3,7 @@ simulators, or Slurm behind a counting wrapper) first on PATH, and an sshd that 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -229,3 +230,12 @@ def start_now(env: dict[str, str], job: str) -> None:
     wait_for(old_run_gone, 120, f"the old run of job {job} to leave the node", interval=0.2)
     update = ["scontrol", "update", f"jobid={job}", "StartTime=now+2"]
     subprocess.run(update, check=True, env=env)
+
+
+def looked_for(driver: Any, tasks: list[Any], task: Any, timeout: float = 60.0) -> Any:
+    """The pool's observation of `task`, placed by a submission whose outcome is unknown: the
+    first look that finds its job, or the second of two looks, the pool's message timeout
+    apart, that both miss it (broker/pools/batch.py, `_missed`)."""
+    return wait_for(
+        lambda: asyncio.run(driver.poll(tasks)).get(task.id), timeout, f"task {task.id}", 0.2
+    )

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from batch_helpers import JOB_PYTHON, sticky_job_root
+from batch_helpers import JOB_PYTHON, looked_for, sticky_job_root
 
 from broker.domain import Task, TaskSpec, TaskState
 from broker.errors import KliqueError
@@ -34,7 +34,7 @@ resources:
   cpu: {{profile: {{cpus: 1, memory: 100M, walltime: 5m, pools: [slurm]}}}}
 pools:
   slurm: {{kind: slurm, partition: debug, job_root: {job_root}, python: {python},
-          poll_interval: 1s, user_map: {{alice: alice, bob: bob}}}}
+          poll_interval: 1s, message_timeout: 1s, user_map: {{alice: alice, bob: bob}}}}
 """
 
 
@@ -115,7 +115,7 @@ def test_another_accounts_array_job_is_never_taken_for_a_task(
     array = array_job(owner_of_the_array, job_root, task.id, [str(folder)])
     try:
         # Bob has a task in the pool too: status lists his jobs with hers.
-        seen = asyncio.run(driver.poll([task, his]))[task.id]
+        seen = looked_for(driver, [task, his], task)
     finally:
         subprocess.run(["scancel", array], check=False)
         asyncio.run(driver.close())
@@ -189,7 +189,7 @@ def test_a_wrapped_job_with_a_tasks_tag_is_never_taken_for_it(
     submit = [*how[:5], "--parsable", "--hold", f"--job-name={task.tag}", *how[5:]]
     job = subprocess.run(submit, capture_output=True, text=True, check=True).stdout.strip()
     try:
-        seen = asyncio.run(driver.poll([task, his]))[task.id]
+        seen = looked_for(driver, [task, his], task)
     finally:
         subprocess.run(["scancel", job], check=False)
         asyncio.run(driver.close())

@@ -15,7 +15,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from batch_helpers import login_node, open_folder, pool_yaml, remove_tree, shared_folder
+from batch_helpers import (
+    login_node,
+    looked_for,
+    open_folder,
+    pool_yaml,
+    remove_tree,
+    shared_folder,
+)
 
 from broker.domain import Estate, TaskSpec, TaskState
 from broker.estate import parse_estate
@@ -97,7 +104,7 @@ def test_a_job_named_as_an_accounts_array_is_hers_only_if_she_submitted_it(
         "resources:\n"
         "  cpu:\n"
         "    profile: {cpus: 1, memory: 100M, walltime: 5m, pools: [batch]}\n"
-        f"pools:\n{pool_yaml(scheduler, job_root, None)}"
+        f"pools:\n{pool_yaml(scheduler, job_root, None, message_timeout='1s')}"
     )
     driver = driver_for(scheduler, estate, tmp_path)
     folder = job_root / "klique-41-1-00000000cafe"
@@ -124,7 +131,7 @@ def test_a_job_named_as_an_accounts_array_is_hers_only_if_she_submitted_it(
     his = replace(task, id=46, owner="bob", job_dir=f"{job_root}/klique-none-of-his")
     job, element = held_job(scheduler, bin_dir, submitter, name)
     try:
-        seen = asyncio.run(driver.poll([task, his]))[task.id]
+        seen = looked_for(driver, [task, his], task)
     finally:
         cancel = "bkill" if scheduler == "lsf" else "qdel"
         kill = ["runuser", "-u", submitter, "--", str(bin_dir / cancel), job]
