@@ -29,33 +29,25 @@ class ApiError(KliqueError):
     pass
 
 
-def credentials_path() -> Path:
-    return config.credentials_path()
-
-
-def _saved() -> dict[str, Any]:
-    return config.saved_credentials()
-
-
 def saved_token(api: str) -> str | None:
     if os.environ.get("KLIQUE_TOKEN"):
         return os.environ["KLIQUE_TOKEN"]
-    token = _saved().get(api)
+    token = config.saved_credentials().get(api)
     return token if isinstance(token, str) else None
 
 
 def saved_sso(api: str) -> dict[str, Any] | None:
     """The single sign-on entry kept for `api`, if that is how this account logged in."""
-    entry = _saved().get(api)
+    entry = config.saved_credentials().get(api)
     return entry if isinstance(entry, dict) and entry.get("kind") == "sso" else None
 
 
 def save_token(api: str, token: str | dict[str, Any], profile: str | None = None) -> Path:
     """Keep the token (or single sign-on entry) for `api`, and `api` as `profile`'s server, in
     a file that is private from its first byte."""
-    path = credentials_path()
+    path = config.credentials_path()
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    tokens = _saved()
+    tokens = config.saved_credentials()
     tokens[api] = token
     if profile is not None:
         profiles = tokens.get("profiles")
@@ -66,7 +58,7 @@ def save_token(api: str, token: str | dict[str, Any], profile: str | None = None
 
 @contextmanager
 def _renewal_lock() -> Iterator[None]:
-    path = credentials_path().with_name(".credentials.lock")
+    path = config.credentials_path().with_name(".credentials.lock")
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
     try:
