@@ -30,6 +30,7 @@ test: install services
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 bench: install services
 	$(BIN)/python bench/latency_host.py

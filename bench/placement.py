@@ -11,9 +11,9 @@ import time
 from typing import Any
 
 from broker.domain import ComputeResource, Estate, Policy, Pool, Profile
+from broker.execution import PoolState
 from broker.scheduler.placement import (
     ActiveTask,
-    PoolState,
     QueuedTask,
     SchedulerInput,
     SchedulerOutput,

@@ -21,7 +21,7 @@ sys.path[:0] = [str(ROOT / "tests"), str(ROOT)]
 import httpx  # noqa: E402
 from _common import klique_server, last_line, median  # noqa: E402
 from conftest_services import SSHEndpoint  # noqa: E402
-from isolation_helpers import estate_with_a_hung_pool  # noqa: E402
+from helpers.isolation import estate_with_a_hung_pool  # noqa: E402
 
 RUNS = 20
 SLURM = Path(os.environ.get("KLIQUE_SLURM_DIR", "/tmp/klique-slurm"))

@@ -18,7 +18,7 @@ sys.path[:0] = [str(ROOT / "tests")]
 
 import httpx  # noqa: E402
 from _common import klique_server, last_line  # noqa: E402
-from flood_helpers import (  # noqa: E402
+from helpers.flood import (  # noqa: E402
     BLOCK,
     FLOOD_APP,
     MiB,

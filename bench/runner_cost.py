@@ -21,7 +21,7 @@ from pathlib import Path
 
 from _common import last_line
 
-from broker.server import build_runner
+from broker.agents.factory import build_runner
 
 RUNS = 30
 PYTHON = "/usr/bin/python3"  # as the jobs run it

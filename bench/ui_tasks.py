@@ -17,7 +17,8 @@ import httpx
 from _common import klique_server, last_line
 from sqlalchemy import insert
 
-from broker.store.repository import Store, default_url
+from broker.store.identity import IdentityStore
+from broker.store.repository import Store
 from broker.store.tables import TaskRow
 
 TASKS = 100_000
@@ -29,7 +30,7 @@ FINAL = ["completed"] * 7 + ["failed", "cancelled", "timeout"]
 def fill(home: Path) -> None:
     """100,000 tasks: most finished, 1,000 queued, a rare word in 50 names; tokens for the
     admin and for user00, written beside the database."""
-    store = Store.open(default_url(home))
+    store = Store.open(f"sqlite:///{home / 'klique.db'}")  # the server's default store in `home`
     now = time.time()
     rows = []
     for i in range(TASKS):
@@ -60,8 +61,9 @@ def fill(home: Path) -> None:
         )
     with store.engine.begin() as connection:  # a benchmark's fixture: one bulk insert
         connection.execute(insert(TaskRow), rows)
-    (home / "admin.token").write_text(store.add_token("admin", admin=True))
-    (home / "user.token").write_text(store.add_token(USERS[0]))
+    identities = IdentityStore(store)
+    (home / "admin.token").write_text(identities.add_token("admin", kind="admin")[0])
+    (home / "user.token").write_text(identities.add_token(USERS[0])[0])
     store.close()
 
 

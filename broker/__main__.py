@@ -1,3 +1,3 @@
-from broker.cli import main
+from broker.console import main
 
 main()

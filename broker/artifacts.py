@@ -13,13 +13,9 @@ from typing import BinaryIO
 
 import fsspec
 
-from broker.errors import KliqueError
+from broker.errors import TooLarge  # an upload past the estate's artifacts.max_size
 
 CHUNK = 1 << 20
-
-
-class TooLarge(KliqueError):
-    """An upload went past the estate's artifacts.max_size."""
 
 
 class ArtifactStore:

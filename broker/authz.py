@@ -212,7 +212,7 @@ def check(who: Who, action: Action, target: Task | None = None) -> None:
 
 
 class RouteFacts(Protocol):
-    """What opening a route needs to know of it (`broker.routes.auth.RouteInfo`)."""
+    """What opening a route needs to know of it (`broker.route_proxy.access.RouteInfo`)."""
 
     @property
     def kind(self) -> str: ...  # session | endpoint

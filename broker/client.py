@@ -124,6 +124,7 @@ class Client:
 
     def _renew(self, refused: str | None = None) -> None:
         """A fresh access token: one that another process renewed meanwhile, or a new one."""
+        # Authlib takes a tenth of a second to load: only a renewal pays for it, not every call.
         from broker.identity import device
 
         if self.own_sso:

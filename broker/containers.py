@@ -12,9 +12,10 @@ from broker.errors import SubmitError
 from inside_job import container, imageref
 
 
-def container_fields(pool: Pool, task: Task, job_dir: str) -> dict[str, Any]:
-    """`image`, `container_runtime` and `container_srun` (an argv; empty unless Pyxis)."""
-    runtime = str(pool.settings.get("container_runtime") or "")
+def container_fields(pool: Pool, runtime: str | None, task: Task, job_dir: str) -> dict[str, Any]:
+    """`image`, `container_runtime` (the pool's, or empty: what the node has) and
+    `container_srun` (an argv; empty unless Pyxis)."""
+    runtime = runtime or ""
     image = task.spec.image or ""
     fields: dict[str, Any] = {"image": "", "container_runtime": runtime, "container_srun": []}
     if not image:

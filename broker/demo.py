@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 import click
 
 from broker import config
+from broker.cli.tasks import FINAL, follow_logs
 from broker.client import ApiError, Client, save_token
 from broker.errors import KliqueError
 from broker.estate import builtin_estate_text
@@ -121,9 +122,18 @@ def _login(client: Client) -> Client:
     return Client(api=client.api, token=token)
 
 
-def run() -> None:
-    from broker.cli import follow_logs
+@click.command("demo")
+@click.option("--stop", "stop_server", is_flag=True, help="Stop the server the demo started.")
+def command(stop_server: bool) -> None:
+    """Start a local server if none runs, submit a small task and follow it to the end."""
+    if stop_server:
+        stop()
+    else:
+        run()
 
+
+def run() -> None:
+    """Start a server unless one answers, submit the demo's task and follow it to its end."""
     client = Client()
     if not _up(client):
         _start_server(client)
@@ -141,7 +151,7 @@ def run() -> None:
     click.echo(f"submitted task {task['id']} to compute resource {task['resource']}; its console:")
     follow_logs(client, task["id"], follow=True)
     task = client.get(f"/tasks/{task['id']}")
-    while task["state"] not in ("completed", "failed", "cancelled", "timeout", "lost"):
+    while task["state"] not in FINAL:
         time.sleep(0.2)
         task = client.get(f"/tasks/{task['id']}")
     click.echo(
@@ -155,6 +165,7 @@ def run() -> None:
 
 
 def stop() -> None:
+    """Stop the server that `run` started, if it still runs."""
     try:
         pid = int(_pid_file().read_text())
     except (OSError, ValueError):

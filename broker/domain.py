@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
 
 from broker.errors import IllegalTransition
-
-if TYPE_CHECKING:
-    from broker.identity.config import IdentityFile
+from broker.identity_settings import IdentityFile
 
 
 class TaskState(enum.StrEnum):
@@ -182,9 +182,17 @@ class UserMap:
         return bool(self.accounts) or self.default is not None or self.rule is not None
 
 
+class NoSettings(BaseModel):
+    """The settings of a pool built by hand for placement alone: none of any kind's."""
+
+    model_config = ConfigDict(frozen=True)
+
+
 @dataclass(frozen=True)
 class Pool:
-    """Nodes in one place. `settings` holds the kind's own options (partition, queue, ...)."""
+    """Nodes in one place. `settings` is the pool's validated settings model, of its kind's
+    own class (broker/pools/settings.py: partition, queue, ...); the fields above are what
+    placement reads of it."""
 
     name: str
     kind: str  # a registered pool kind (broker/pools/registry.py): host, slurm, pbs, lsf, ...
@@ -200,7 +208,10 @@ class Pool:
     template: str | None = None
     extra_directives: tuple[str, ...] = ()
     skip_directives: tuple[str, ...] = ()
-    settings: dict[str, object] = field(default_factory=dict)
+    # Typed as pydantic's base here (the domain imports no pool kind); a driver takes its own
+    # kind's model with broker.pools.settings.settings_as. A pool built by hand for placement
+    # alone has none (NoSettings).
+    settings: BaseModel = field(default_factory=NoSettings)
 
     @property
     def devices(self) -> tuple[int, ...]:

@@ -5,6 +5,8 @@
     ├── IllegalTransition        a task state change the state machine forbids
     ├── NotFound                 no such task, compute resource or pool
     ├── NotPermitted             the user may not do this (policy, ownership, unmapped account)
+    ├── Conflict                 not now: the task's state does not allow it (an ended attempt)
+    ├── TooLarge                 over one of the server's size limits (limits: in the estate)
     ├── SubmitError              a pool refused or failed a submission (with the pool's words)
     │   └── SubmitUnknown        the outcome of a submission is unknown (look the tag up first)
     ├── TransportError           a command could not be run (local or over SSH)
@@ -12,7 +14,8 @@
     └── TemplateError            a batch template failed to render (file and line)
 
 Lower-layer errors (OSError, asyncssh, Jinja2, SQLAlchemy) are translated at the boundary
-with `raise ... from exc`.
+with `raise ... from exc`. The HTTP status of each kind is the adapters' to decide
+(broker/http/errors.py holds the one table).
 """
 
 from __future__ import annotations
@@ -37,6 +40,14 @@ class NotFound(KliqueError):
 
 
 class NotPermitted(KliqueError):
+    pass
+
+
+class Conflict(KliqueError):
+    pass
+
+
+class TooLarge(KliqueError):
     pass
 
 

@@ -10,7 +10,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
-import yaml
 from pydantic import (
     BeforeValidator,
     Field,
@@ -20,6 +19,7 @@ from pydantic import (
     model_validator,
 )
 
+from broker.apps.catalogue import load_catalogue
 from broker.domain import (
     AppSettings,
     ArtifactSettings,
@@ -35,10 +35,12 @@ from broker.domain import (
     UserMap,
 )
 from broker.errors import EstateError
-from broker.identity.config import IdentityFile, identity_problems
+from broker.identity_settings import IdentityFile, identity_problems
 from broker.pools.registry import kinds
 from broker.pools.settings import PoolSettings, UserMapRule
+from broker.scheduler.policy_check import policy_problems
 from broker.units import Name, Seconds, SecondsOrZero, SizeMB, Strict, parse_duration_s
+from broker.yaml_lines import FIXES, LineMap, describe
 
 # A DNS domain of two or more labels (RFC 1035: letters, digits, inner hyphens, 63 at most).
 MAIL_DOMAIN = r"^(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)+[A-Za-z]{2,63}$"
@@ -157,29 +159,6 @@ class EstateFile(Strict):
         return value
 
 
-_FIXES = {
-    "missing": "add it",
-    "extra_forbidden": "remove it, or check its spelling against examples/estate.yaml",
-    "int_parsing": "give a whole number",
-    "int_type": "give a whole number",
-    "float_parsing": "give a number",
-    "bool_parsing": "give true or false",
-    "string_type": "give a text value",
-    "list_type": "give a list, like [a, b]",
-    "dict_type": "give a mapping of name: value lines",
-    "model_type": "give a mapping of field: value lines",
-    "enum": "use one of the allowed values",
-    "literal_error": "use one of the allowed values",
-    "string_pattern_mismatch": "use letters, digits, '.', '_' and '-' (at most 64)",
-    "greater_than_equal": "give a larger value",
-    "greater_than": "give a larger value",
-    "less_than": "give a smaller value",
-    "too_short": "give at least one entry",
-    "union_tag_invalid": "use one of the pool kinds: {kinds}",
-    "union_tag_not_found": "add kind: with one of the pool kinds: {kinds}",
-}
-
-
 def load_estate(path: str | os.PathLike[str]) -> Estate:
     """Read, validate and build the estate. Raises EstateError listing every problem."""
     source = str(path)
@@ -188,14 +167,12 @@ def load_estate(path: str | os.PathLike[str]) -> Estate:
     except OSError as exc:
         raise EstateError([f"{source}: cannot read the estate file: {exc.strerror}"]) from exc
     estate = parse_estate(text, source)
-    from broker.apps.catalogue import load_catalogue
-
     load_catalogue(estate)  # its own errors name the app file and line
     return estate
 
 
 def parse_estate(text: str, source: str = "<estate>") -> Estate:
-    lines = _LineMap(text, source)
+    lines = LineMap(text, source)
     data = lines.data
     if not isinstance(data, dict):
         raise EstateError(
@@ -226,7 +203,7 @@ def _pool_settings() -> TypeAdapter[dict[str, PoolSettings]]:
     return TypeAdapter(dict[str, union])
 
 
-def _pools(raw: dict[str, Any], lines: _LineMap) -> tuple[dict[str, PoolSettings], list[str]]:
+def _pools(raw: dict[str, Any], lines: LineMap) -> tuple[dict[str, PoolSettings], list[str]]:
     """Each pool against its own kind's model: errors name the pool's field, not the kind."""
     try:
         return _pool_settings().validate_python(raw), []
@@ -244,18 +221,16 @@ def _pools(raw: dict[str, Any], lines: _LineMap) -> tuple[dict[str, PoolSettings
         return {}, errors
 
 
-def _describe(err: Any, lines: _LineMap) -> str:
-    path = _untagged(tuple(str(p) for p in err["loc"]))
-    message = err["msg"].removeprefix("Value error, ")
-    if err["type"] == "missing":
-        message = "is required"
-    if err["type"] == "value_error":  # Klique's own validators say the fix themselves
-        return lines.error(path, message)
-    fix = _FIXES.get(err["type"], "see examples/estate.yaml for the format")
-    fix = fix.format(kinds=", ".join(sorted(kinds())))
-    if err["type"] in ("enum", "literal_error") and "expected" in err.get("ctx", {}):
-        fix = f"use one of {err['ctx']['expected']}"
-    return lines.error(path, f"{message}; fix: {fix}")
+def _describe(err: Any, lines: LineMap) -> str:
+    """An error in the estate: without the tag of a user map's form, and with the pool kinds
+    named where a pool's kind is wrong."""
+    known = ", ".join(sorted(kinds()))
+    fixes = {
+        **FIXES,
+        "union_tag_invalid": f"use one of the pool kinds: {known}",
+        "union_tag_not_found": f"add kind: with one of the pool kinds: {known}",
+    }
+    return describe({**err, "loc": _untagged(tuple(str(p) for p in err["loc"]))}, lines, fixes)
 
 
 def _untagged(path: tuple[str, ...]) -> tuple[str, ...]:
@@ -270,8 +245,6 @@ def _untagged(path: tuple[str, ...]) -> tuple[str, ...]:
 def _cross_check(
     model: EstateFile, pools: dict[str, PoolSettings]
 ) -> list[tuple[tuple[str, ...], str]]:
-    from broker.scheduler.policy_check import policy_problems
-
     problems: list[tuple[tuple[str, ...], str]] = []
     known_pools = ", ".join(pools)
     for name, resource in model.resources.items():
@@ -502,25 +475,37 @@ def _checkpoint_signal(given: CheckpointSignalFile | None) -> CheckpointSignal |
     return None if given is None else CheckpointSignal(given.signal, given.before)
 
 
+# A kind's settings that placement reads, by their name in the domain's Pool; a kind without
+# one (slots on a Slurm pool), or one left unset, keeps the Pool's default.
+_PLACEMENT_FIELDS = {
+    "slots": "slots",
+    "gpus": "gpus",
+    "gpu_ids": "gpu_ids",
+    "gpu_memory": "gpu_memory_mb",
+    "max_queued": "max_queued",
+    "max_wait": "max_wait_s",
+    "template": "template",
+    "extra_directives": "extra_directives",
+    "skip_directives": "skip_directives",
+}
+
+
 def _build_pool(name: str, p: PoolSettings) -> Pool:
-    """The domain's Pool: the fields placement reads, and the kind's own settings."""
-    settings = p.model_dump(exclude={"kind", "user_map"})
+    """The domain's Pool: the fields placement reads, and the kind's settings model itself."""
+    given = p.model_dump(include=set(_PLACEMENT_FIELDS))
+    placement: dict[str, Any] = {
+        _PLACEMENT_FIELDS[key]: tuple(value) if isinstance(value, list) else value
+        for key, value in given.items()
+        if value is not None
+    }
     return Pool(
         name=name,
         kind=p.kind,
         queueing=kinds()[p.kind].queueing,
         spans_nodes=kinds()[p.kind].spans_nodes,
         user_map=_user_map(p),
-        slots=settings.pop("slots", 1),
-        gpus=settings.pop("gpus", 0),
-        gpu_ids=tuple(settings.pop("gpu_ids", None) or ()),
-        gpu_memory_mb=settings.pop("gpu_memory", 0),
-        max_queued=settings.pop("max_queued", 100),
-        max_wait_s=settings.pop("max_wait", None),
-        template=settings.pop("template", None),
-        extra_directives=tuple(settings.pop("extra_directives", ())),
-        skip_directives=tuple(settings.pop("skip_directives", ())),
-        settings=settings,
+        settings=p,
+        **placement,
     )
 
 
@@ -550,45 +535,3 @@ pools:
 def builtin_estate(slots: int | None = None) -> Estate:
     """The embedded default: one host pool on this machine and one CPU compute resource."""
     return parse_estate(builtin_estate_text(slots), "<built-in>")
-
-
-class _LineMap:
-    """The parsed YAML plus the line of every key, so errors can point at file:line."""
-
-    def __init__(self, text: str, source: str) -> None:
-        self.source = source
-        self.lines: dict[tuple[str, ...], int] = {}
-        try:
-            node = yaml.compose(text, Loader=yaml.SafeLoader)
-            self.data = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            line = mark.line + 1 if mark else 1
-            problem = getattr(exc, "problem", None) or str(exc)
-            raise EstateError(
-                [
-                    f"{source}:{line}: not valid YAML: {problem}; fix: check the "
-                    "indentation and quoting on that line"
-                ]
-            ) from None
-        if node is not None:
-            self._walk(node, ())
-
-    def _walk(self, node: yaml.Node, path: tuple[str, ...]) -> None:
-        self.lines.setdefault(path, node.start_mark.line + 1)
-        if isinstance(node, yaml.MappingNode):
-            for key, value in node.value:
-                self.lines[(*path, str(key.value))] = key.start_mark.line + 1
-                self._walk(value, (*path, str(key.value)))
-        elif isinstance(node, yaml.SequenceNode):
-            for i, item in enumerate(node.value):
-                self._walk(item, (*path, str(i)))
-
-    def line_of(self, path: tuple[str, ...]) -> int:
-        while path and path not in self.lines:
-            path = path[:-1]
-        return self.lines.get(path, 1)
-
-    def error(self, path: tuple[str, ...], message: str) -> str:
-        field = ".".join(path) or "(top level)"
-        return f"{self.source}:{self.line_of(path)}: {field}: {message}"

@@ -17,6 +17,7 @@ from broker.errors import KliqueError, NotFound
 from broker.pools.base import Context
 from broker.pools.batch import BatchDriver
 from broker.pools.kubernetes import KubernetesDriver
+from broker.pools.registry import make_driver
 
 
 @dataclass(frozen=True)
@@ -58,7 +59,6 @@ def _first_user(estate: Estate, resource: str) -> str:
 
 
 def driver_for(estate: Estate, resource: str, pool: str | None) -> BatchDriver | KubernetesDriver:
-    from broker.pools.registry import make_driver
 
     _known(estate, resource)
     order = estate.resources[resource].profile.pools

@@ -1,6 +1,6 @@
 """`klique server`: the API, the scheduler cycle and the pool agents in one process, on two
 listeners: the UI and API on one, routes on the other (an origin of their own:
-broker/routes/origin.py)."""
+broker/route_proxy/origin.py)."""
 
 from __future__ import annotations
 
@@ -19,25 +19,17 @@ from pathlib import Path
 import uvicorn
 from fastapi import FastAPI
 
-from broker.api.app import create_app
+from broker.agents.factory import build_drivers, driver_context
+from broker.app import create_app
 from broker.config import write_private
+from broker.control.loop import Scheduler
 from broker.domain import Estate
-from broker.mcp.mount import mount_mcp
-from broker.pools.base import Context
-from broker.pools.registry import make_driver
-from broker.routes.origin import RoutesOrigin, RoutesPlace, Split, routes_place
-from broker.scheduler.loop import Scheduler
+from broker.pools.settings import serves_remotely
+from broker.route_proxy.origin import RoutesOrigin, RoutesPlace, Split, routes_place
+from broker.store.identity import IdentityStore
 from broker.store.repository import Store
 
 log = logging.getLogger("klique.server")
-
-
-def build_runner(home: Path) -> Path:
-    from inside_job.zipapp import build
-
-    folder = home / "runner"
-    folder.mkdir(parents=True, exist_ok=True)
-    return build(folder / "klique-runner.pyz")
 
 
 def admin_user() -> str:
@@ -50,9 +42,10 @@ def admin_user() -> str:
 def ensure_admin_token(store: Store, home: Path) -> Path | None:
     """At first start, make an admin token, in a file readable by this account only."""
     path = home / "admin.token"
-    if store.has_admin():
+    identities = IdentityStore(store)
+    if identities.has_admin():
         return None
-    token = store.add_token(admin_user(), admin=True)
+    token, _ = identities.add_token(admin_user(), kind="admin")
     write_private(path, token + "\n")
     return path
 
@@ -68,12 +61,7 @@ def private_home(home: Path) -> None:
 def build_app(
     estate: Estate, store: Store, home: Path, api_url: str, interval_s: float = 0.5
 ) -> FastAPI:
-    context = Context(estate=estate, home=home, runner=build_runner(home), api_url=api_url)
-    drivers = {
-        name: make_driver(p, context)
-        for name, p in estate.pools.items()
-        if p.settings.get("agent") != "remote"  # served by `klique agent` on its login node
-    }
+    drivers = build_drivers(estate, driver_context(estate, home, api_url))
     scheduler = Scheduler(store, estate, drivers, home, interval_s=interval_s)
 
     @asynccontextmanager
@@ -89,9 +77,7 @@ def build_app(
                 await driver.close()
             store.close()
 
-    app = create_app(scheduler, lifespan=lifespan)
-    mount_mcp(app, os.environ.get("KLIQUE_PUBLIC_URL") or api_url)
-    return app
+    return create_app(scheduler, lifespan, os.environ.get("KLIQUE_PUBLIC_URL") or api_url)
 
 
 def listener(host: str, port: int) -> socket.socket:
@@ -115,11 +101,7 @@ def listener(host: str, port: int) -> socket.socket:
 def remote_pools(estate: Estate) -> list[str]:
     """Pools whose tasks run on nodes other than this host: every batch and Kubernetes pool,
     and a host pool served by `klique agent` on another machine."""
-    return [
-        name
-        for name, p in estate.pools.items()
-        if p.kind != "host" or p.settings.get("agent") == "remote"
-    ]
+    return [name for name, p in estate.pools.items() if p.kind != "host" or serves_remotely(p)]
 
 
 def reaches_nothing(url: str, stated: bool) -> bool:

@@ -2,13 +2,15 @@
 
 A compute resource's template is `<kind>/<resource>.sh.j2`, falling back to the pool's
 named template, then `<kind>/default.sh.j2`. The site's own folder (the estate's
-`templates_dir`) is searched first, with the same fallbacks, then the templates that ship in
-this package (broker/batch_templates/); templates may include shared partials from either.
+`templates_dir`) is searched first, with the same fallbacks, then the templates that ship with
+Klique (the checkout's templates/, installed as the package `klique_templates`); templates may
+include shared partials from either.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib.resources
 import os
 import re
 import shlex
@@ -23,7 +25,17 @@ from markupsafe import Markup
 from broker.errors import TemplateError
 from broker.names import has_control
 
-BUILT_IN = Path(__file__).resolve().parent / "batch_templates"
+
+def _built_in() -> Path:
+    """Where the shipped templates are: the installed package `klique_templates`, else the
+    checkout's top-level templates/ (an editable install maps no package onto that folder)."""
+    try:
+        return Path(str(importlib.resources.files("klique_templates")))
+    except ModuleNotFoundError:
+        return Path(__file__).resolve().parent.parent / "templates"
+
+
+BUILT_IN = _built_in()
 
 # What a directive may contain: validated values only, never free text (matched whole).
 _DIRECTIVE = re.compile(r"--?[A-Za-z][A-Za-z0-9_-]*([= ][A-Za-z0-9_.,:=/%@+\[\]\"-]+)?")
@@ -38,7 +50,7 @@ def _quote(value: Any) -> str:
     if has_control(text):
         raise TemplateError(
             f"value {text!r} holds a control character and cannot enter a batch script; "
-            "fix: only validated names reach templates (see broker/batch_templates/README.md)"
+            "fix: only validated names reach templates (see templates/README.md)"
         )
     return text if isinstance(value, Markup) else shlex.quote(text)
 

@@ -1,5 +1,6 @@
-"""Run argv as a pool's mapped Linux account: on this host (runuser or sudo) or over SSH with one
-pooled connection per (host, port, account). The only place in the broker that runs processes."""
+"""Run argv as a pool's mapped Linux account, and move bytes into and out of its folders: on this
+host (runuser, sudo, or the sudo helper) here, or over SSH (broker/transport_ssh.py). With that
+module, the only place in the broker that runs processes; it knows nothing of submission."""
 
 from __future__ import annotations
 
@@ -17,10 +18,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
-import asyncssh
-
 from broker import fileops
-from broker.domain import Pool
 from broker.errors import CommandFailed, KliqueError, NotPermitted, TransportError
 
 # POSIX portable user names (at most 32 characters, as shadow-utils allows).
@@ -28,7 +26,7 @@ _ACCOUNT = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # The broker's own environment (database URLs, tokens) must not reach users' commands.
 _PASSED_ENV = ("PATH", "LANG", "LC_ALL", "TZ", "SLURM_CONF", "PBS_CONF_FILE", "LSF_ENVDIR")
-_Env = Mapping[str, str] | None
+Env = Mapping[str, str] | None
 
 
 @dataclass(frozen=True)
@@ -60,7 +58,7 @@ BATCH_BYTES = 16 << 20
 def check_account(account: str) -> None:
     """Refuse an account Klique must not run as on this host."""
     host = socket.gethostname()
-    _check_name(account)
+    check_name(account)
     try:
         entry = pwd.getpwnam(account)
     except KeyError:
@@ -69,34 +67,10 @@ def check_account(account: str) -> None:
             "map the user to an existing account in the estate's user_map"
         ) from None
     if entry.pw_uid == 0:
-        raise NotPermitted(_root_refusal(account, host))
+        raise NotPermitted(root_refusal(account, host))
 
 
-def make_transport(pool: Pool) -> Transport:
-    """The transport a batch pool's estate entry names: `transport: {kind: local|ssh, ...}`."""
-    conf = pool.settings.get("transport")
-    if not isinstance(conf, Mapping) or conf.get("kind", "local") == "local":
-        return LocalTransport()
-    if conf.get("kind") == "sudo":
-        return SudoTransport(str(conf.get("helper") or "/usr/local/libexec/klique-helper"))
-    mapped = [*pool.user_map.accounts.values(), pool.user_map.default]
-    query = pool.settings.get("query_account") or next((a for a in mapped if a), None)
-    known_hosts = conf.get("known_hosts")
-    if not known_hosts:
-        raise TransportError(
-            f"pool {pool.name}: an ssh transport needs known_hosts; fix: give the path of a "
-            "known_hosts file that holds the login node's host key"
-        )
-    return SSHTransport(
-        str(conf.get("host", "127.0.0.1")),
-        int(conf.get("port", 22)),
-        known_hosts=os.path.expanduser(str(known_hosts)),
-        client_keys=[os.path.expanduser(str(key)) for key in conf.get("client_keys") or ()],
-        default_account=None if query is None else str(query),
-    )
-
-
-def _check_name(account: str) -> None:
+def check_name(account: str) -> None:
     if not _ACCOUNT.fullmatch(account):
         raise NotPermitted(
             f"{account!r} is not a valid Linux account name (letters, digits, '_', '.', '-'; "
@@ -104,32 +78,32 @@ def _check_name(account: str) -> None:
         )
 
 
-def _root_refusal(account: str, host: str) -> str:
+def root_refusal(account: str, host: str) -> str:
     return (
         f"Linux account '{account}' resolves to uid 0 (root) on {host}; Klique never submits "
         "as root: map the user to an ordinary account in the estate's user_map"
     )
 
 
-def _shown(argv: Sequence[str]) -> str:
+def shown(argv: Sequence[str]) -> str:
     text = shlex.join(argv)
     return text if len(text) <= 200 else text[:197] + "..."
 
 
-def _timed_out(argv: Sequence[str], account: str, host: str, timeout: float) -> TransportError:
+def timed_out(argv: Sequence[str], account: str, host: str, timeout: float) -> TransportError:
     return TransportError(
-        f"`{_shown(argv)}` as {account} on {host} did not finish within {timeout:g} s; killed"
+        f"`{shown(argv)}` as {account} on {host} did not finish within {timeout:g} s; killed"
     )
 
 
-def _with_env(argv: Sequence[str], env: _Env, clean: bool = False) -> list[str]:
+def with_env(argv: Sequence[str], env: Env, clean: bool = False) -> list[str]:
     """argv behind `env`, which sets the variables (only those, when clean) and exits 127/126
     like a shell when the program is missing or not executable."""
     if not argv:
         raise TransportError("an empty command cannot be run")
     bad = [name for name in env or () if not _ENV_NAME.fullmatch(name)]
     if bad:
-        raise TransportError(f"invalid environment variable names {bad!r} for `{_shown(argv)}`")
+        raise TransportError(f"invalid environment variable names {bad!r} for `{shown(argv)}`")
     if "=" in argv[0]:
         raise TransportError(f"a program name containing '=' cannot be run: {argv[0]!r}")
     variables = [f"{k}={v}" for k, v in (env or {}).items()]
@@ -435,19 +409,19 @@ class Transport(ABC):
         return None
 
     async def _call(
-        self, argv: Sequence[str], account: str, stdin: bytes | None, timeout: float, env: _Env
-    ) -> _Raw:
+        self, argv: Sequence[str], account: str, stdin: bytes | None, timeout: float, env: Env
+    ) -> RawResult:
         self.commands += 1
         return await self._exec(argv, account, stdin, timeout, env)
 
     @abstractmethod
     async def _exec(
-        self, argv: Sequence[str], account: str, stdin: bytes | None, timeout: float, env: _Env
-    ) -> _Raw: ...
+        self, argv: Sequence[str], account: str, stdin: bytes | None, timeout: float, env: Env
+    ) -> RawResult: ...
 
 
 @dataclass(frozen=True)
-class _Raw:
+class RawResult:
     returncode: int
     out: bytes
     err: str
@@ -474,7 +448,7 @@ class LocalTransport(Transport):
         appended to `log` (opened by the account's shell, never by this process); not waited for.
         """
         wrapped = ["sh", "-c", 'log=$1; shift; exec "$@" >>"$log" 2>&1', "sh", _absolute(log)]
-        full = [*self._as_account(account), *_with_env([*wrapped, *argv], env, clean=True)]
+        full = [*self._as_account(account), *with_env([*wrapped, *argv], env, clean=True)]
         home = pwd.getpwnam(account).pw_dir
         try:
             return await asyncio.create_subprocess_exec(
@@ -487,17 +461,17 @@ class LocalTransport(Transport):
                 start_new_session=True,
             )
         except OSError as exc:
-            raise TransportError(f"cannot run `{_shown(full)}` on {self.host}: {exc}") from exc
+            raise TransportError(f"cannot run `{shown(full)}` on {self.host}: {exc}") from exc
 
-    def _command(self, argv: Sequence[str], account: str, env: _Env) -> tuple[list[str], str]:
+    def _command(self, argv: Sequence[str], account: str, env: Env) -> tuple[list[str], str]:
         """The full argv that runs `argv` as account, and the folder to start it in."""
         prefix = self._as_account(account)  # refuses an account that does not exist first
         home = pwd.getpwnam(account).pw_dir
-        return [*prefix, *_with_env(argv, env)], (home if os.path.isdir(home) else "/")
+        return [*prefix, *with_env(argv, env)], (home if os.path.isdir(home) else "/")
 
     async def _exec(
-        self, argv: Sequence[str], account: str, stdin: bytes | None, timeout: float, env: _Env
-    ) -> _Raw:
+        self, argv: Sequence[str], account: str, stdin: bytes | None, timeout: float, env: Env
+    ) -> RawResult:
         full, cwd = self._command(argv, account, env)
         try:
             proc = await asyncio.create_subprocess_exec(
@@ -510,14 +484,14 @@ class LocalTransport(Transport):
                 start_new_session=True,  # so a timeout can kill the whole process group
             )
         except OSError as exc:
-            raise TransportError(f"cannot run `{_shown(full)}` on {self.host}: {exc}") from exc
+            raise TransportError(f"cannot run `{shown(full)}` on {self.host}: {exc}") from exc
         try:
             out, err = await asyncio.wait_for(proc.communicate(stdin), timeout)
         except TimeoutError:
             await _kill_group(proc)
-            raise _timed_out(argv, account, self.host, timeout) from None
+            raise timed_out(argv, account, self.host, timeout) from None
         assert proc.returncode is not None
-        return _Raw(proc.returncode, out, err.decode(errors="replace"))
+        return RawResult(proc.returncode, out, err.decode(errors="replace"))
 
 
 class SudoTransport(LocalTransport):
@@ -536,7 +510,7 @@ class SudoTransport(LocalTransport):
         check_account(account)
         return ["sudo", "-n", "-u", account, "--"]
 
-    def _command(self, argv: Sequence[str], account: str, env: _Env) -> tuple[list[str], str]:
+    def _command(self, argv: Sequence[str], account: str, env: Env) -> tuple[list[str], str]:
         if env:
             raise TransportError(
                 "a sudo transport passes no environment of its own; set what the scheduler's "
@@ -560,135 +534,3 @@ async def _kill_group(proc: asyncio.subprocess.Process) -> None:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(proc.wait(), 2.0)
             return
-
-
-class SSHTransport(Transport):
-    """A login node over SSH; host keys are always checked against known_hosts."""
-
-    def __init__(
-        self,
-        host: str,
-        port: int = 22,
-        *,
-        known_hosts: str,
-        client_keys: Sequence[str] = (),
-        default_account: str | None = None,
-        connect_timeout: float = 15.0,
-        max_sessions: int = 8,
-    ) -> None:
-        self.host = f"{host}:{port}"
-        self._address = (host, port)
-        self._known_hosts = known_hosts
-        self._client_keys = list(client_keys)
-        self.default_account = default_account
-        self._connect_timeout = connect_timeout
-        self._max_sessions = max_sessions  # OpenSSH allows 10 sessions per connection by default
-        self._conns: dict[str, asyncssh.SSHClientConnection] = {}
-        self._locks: dict[str, asyncio.Lock] = {}
-        self._slots: dict[str, asyncio.Semaphore] = {}
-        self.connections_opened = 0
-
-    async def close(self) -> None:
-        conns, self._conns = list(self._conns.values()), {}
-        for conn in conns:
-            conn.close()
-        for conn in conns:
-            await conn.wait_closed()
-
-    async def _exec(
-        self, argv: Sequence[str], account: str, stdin: bytes | None, timeout: float, env: _Env
-    ) -> _Raw:
-        # exec: the login shell gives way to the program, so a signal reaches the program.
-        command = "exec " + shlex.join(_with_env(argv, env))
-        async with self._slots.setdefault(account, asyncio.Semaphore(self._max_sessions)):
-            conn = await self._connection(account)
-            try:
-                proc = await conn.create_process(command, encoding=None)
-            except (OSError, asyncssh.Error) as exc:
-                self._conns.pop(account, None)  # the next call opens a fresh connection
-                raise TransportError(
-                    f"could not start `{_shown(argv)}` as {account} on {self.host}: {_reason(exc)}"
-                ) from exc
-            with contextlib.suppress(BrokenPipeError):  # it has exited or closed its stdin
-                if stdin:
-                    proc.stdin.write(stdin)
-                proc.stdin.write_eof()
-            try:
-                out, err = await asyncio.wait_for(proc.communicate(), timeout)
-            except TimeoutError:
-                with contextlib.suppress(OSError, asyncssh.Error):
-                    proc.send_signal("KILL")
-                proc.close()
-                raise _timed_out(argv, account, self.host, timeout) from None
-            except (OSError, asyncssh.Error) as exc:
-                raise self._lost(argv, account) from exc
-        if proc.returncode is None:  # the connection ended before the command did
-            raise self._lost(argv, account)
-        return _Raw(proc.returncode, bytes(out), bytes(err).decode(errors="replace"))
-
-    def _lost(self, argv: Sequence[str], account: str) -> TransportError:
-        self._conns.pop(account, None)
-        return TransportError(
-            f"lost {self.host} while running `{_shown(argv)}` as {account}; it may or may not "
-            "have run"
-        )
-
-    async def _connection(self, account: str) -> asyncssh.SSHClientConnection:
-        async with self._locks.setdefault(account, asyncio.Lock()):
-            conn = self._conns.get(account)
-            if conn is None or conn.is_closed():
-                conn = self._conns[account] = await self._connect(account)
-            return conn
-
-    async def _connect(self, account: str) -> asyncssh.SSHClientConnection:
-        _check_name(account)
-        if account == "root":
-            raise NotPermitted(_root_refusal(account, self.host))
-        if not os.path.isfile(self._known_hosts):
-            raise TransportError(
-                f"known_hosts file {self._known_hosts} does not exist; put {self.host}'s host key "
-                "there (ssh-keyscan, checked by hand) before Klique connects"
-            )
-        options = {
-            "known_hosts": self._known_hosts,
-            "client_keys": self._client_keys or (),
-            "keepalive_interval": 15,  # notice a login node that went away while idle
-        }
-        try:
-            async with asyncio.timeout(self._connect_timeout):
-                conn = await asyncssh.connect(
-                    *self._address, username=account, config=[], agent_path=None, **options
-                )
-        except TimeoutError:
-            raise TransportError(
-                f"connecting to {self.host} as {account} timed out after "
-                f"{self._connect_timeout:g} s"
-            ) from None
-        except asyncssh.HostKeyNotVerifiable as exc:
-            raise TransportError(
-                f"refusing {self.host}: its host key is not trusted by {self._known_hosts} "
-                f"({exc.reason}); add the right key there"
-            ) from exc
-        except asyncssh.PermissionDenied as exc:
-            raise TransportError(
-                f"{self.host} refused the login as '{account}' ({exc.reason}); check that the "
-                "account exists there and that Klique's client key is authorized for it"
-            ) from exc
-        except (OSError, asyncssh.Error) as exc:
-            raise TransportError(f"cannot reach {self.host} over SSH: {_reason(exc)}") from exc
-        self.connections_opened += 1
-        try:
-            uid = await asyncio.wait_for(conn.run("id -u"), self._connect_timeout)
-        except (TimeoutError, OSError, asyncssh.Error) as exc:
-            conn.close()
-            raise TransportError(f"`id -u` as {account} failed on {self.host}: {exc!r}") from exc
-        if str(uid.stdout).strip() == "0":
-            conn.close()
-            raise NotPermitted(_root_refusal(account, self.host))
-        return conn
-
-
-def _reason(exc: BaseException) -> str:
-    if isinstance(exc, asyncssh.Error):
-        return exc.reason
-    return str(exc) or type(exc).__name__

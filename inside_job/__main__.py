@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import sys
 
+from inside_job.gather import gather
+from inside_job.run import run
+
 USAGE = "usage: klique-runner [--node | --gather] JOB_DIR\n"
 MODES = ("--node", "--gather")
 
@@ -20,10 +23,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(USAGE)
         return 2
     if mode == "--gather":
-        from inside_job.gather import gather
-
         return gather(args[0])
-    from inside_job.run import run
 
     return run(args[0], node=mode == "--node")
 

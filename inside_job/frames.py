@@ -5,7 +5,7 @@ and the server. Each WebSocket binary message is one frame:
 
 The server opens streams (REQUEST or WS_OPEN) and numbers them; both sides then send BODY, END,
 WS_TEXT, WS_BINARY and CLOSE on them. Stream 0 carries READY (the app answers its ready path).
-Used by the runner (inside_job/tunnel.py) and the server (broker/routes/hub.py) alike.
+Used by the runner (inside_job/tunnel.py) and the server (broker/route_proxy/hub.py) alike.
 
 Flow control (VERSION 2), as HTTP/2 and SSH channels do it: each side may have at most a
 window (WINDOW_BYTES) of a stream's data (the payloads of BODY, WS_TEXT and WS_BINARY) sent and

@@ -8,7 +8,7 @@ import os
 import pwd
 import subprocess
 
-from inside_job import container, gpus, imageref, scratch
+from inside_job import container, gpus, imageref, scratch, zipapp
 from inside_job.errors import SetupFailed, telling_line
 from inside_job.locks import FileLock
 
@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from typing import Callable
 
     from inside_job.jobfiles import Console
-    from inside_job.prepare import Prepared
+    from inside_job.prepared import Prepared
     from inside_job.spec import TaskSpec
 
 RUNNER_ARCHIVE = "klique-runner.pyz"
@@ -82,8 +82,6 @@ def ensure_runner_archive(job_dir: str) -> None:
     path = os.path.join(job_dir, RUNNER_ARCHIVE)
     if not os.path.exists(path):
         from pathlib import Path
-
-        from inside_job import zipapp
 
         zipapp.build(Path(path))
 

@@ -5,14 +5,13 @@ from __future__ import annotations
 import contextlib
 import os
 
-from inside_job import gpus
+from inside_job import code, container, envbuild, gpus, launch
+from inside_job.errors import SetupFailed
+from inside_job.prepared import AppRun, Prepared
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Callable
-
     from inside_job.jobfiles import Console
-    from inside_job.locks import FileLock
     from inside_job.spec import TaskSpec
 
 # Set by the Slurm template on the srun that starts the runner inside a Pyxis container.
@@ -21,35 +20,11 @@ PYXIS_MARKER = "KLIQUE_CONTAINER"
 RUNNER_PATH = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-class AppRun:
-    """An app's run on this node: the port it serves, and what its route's tunnel sends it."""
-
-    def __init__(self, port: int, upstream_headers: dict[str, str], ready_path: str) -> None:
-        self.port = port
-        self.upstream_headers = upstream_headers
-        self.ready_path = ready_path
-
-
-class Prepared:
-    """What to start, with which environment, where; and the environment's in-use lock."""
-
-    def __init__(self, argv: list[str], env: dict[str, str], cwd: str) -> None:
-        self.argv = argv
-        self.env = env
-        self.cwd = cwd
-        self.env_lock: FileLock | None = None
-        self.env_info: dict | None = None
-        self.app: AppRun | None = None
-        self.cleanup: list[Callable[[], None]] = []  # what to undo once the task has ended
-
-
 def prepare(spec: TaskSpec, console: Console) -> Prepared:
     cwd = _code(spec, console)
     venv = None
     prepared = Prepared(list(spec.command), {}, cwd)
     if spec.requirements is not None or spec.requirements_file:
-        from inside_job import envbuild
-
         handle = envbuild.provide(spec, cwd, console)
         venv, prepared.env_lock, prepared.env_info = handle.path, handle.lock, handle.report()
     runtime = _runtime(spec)
@@ -62,8 +37,6 @@ def prepare(spec: TaskSpec, console: Console) -> Prepared:
     if spec.app is not None:
         prepared.app = app_run(spec, prepared)
     if runtime is not None and runtime != "pyxis":
-        from inside_job import launch
-
         try:
             launch.wrap(spec, runtime, prepared, console, grant)
         except BaseException:
@@ -110,8 +83,6 @@ def _check_inside_pyxis(spec: TaskSpec) -> None:
     """Pyxis starts the runner itself inside the image; a runner on the host must not run the
     task there as if it were (templates/slurm/default.sh.j2 sets the marker on its srun)."""
     if os.environ.get(PYXIS_MARKER) != "pyxis":
-        from inside_job.errors import SetupFailed
-
         raise SetupFailed(
             f"runtime pyxis, but the runner was not started inside the image {spec.image}: the "
             "batch template must start it with `srun --container-image=...` "
@@ -142,7 +113,6 @@ def task_environment(
 def _code(spec: TaskSpec, console: Console) -> str:
     if spec.code is None:
         return spec.job_dir
-    from inside_job import code
 
     mirrors = spec.cache() if spec.code.workdir is None else ""
     if spec.place is not None and spec.place.rank:
@@ -154,7 +124,6 @@ def _code(spec: TaskSpec, console: Console) -> str:
 def _runtime(spec: TaskSpec) -> str | None:
     if spec.image is None:
         return None
-    from inside_job import container
 
     return container.choose_runtime(spec.image, spec.runtime)
 

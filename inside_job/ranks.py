@@ -64,7 +64,7 @@ def find(environ: dict[str, str]) -> Place:
     raise SetupFailed(
         "the task asks for several nodes, but this runner was not started by srun, pbsdsh or "
         "blaunch (no SLURM_PROCID, PBS_NODENUM or LSF_PM_TASKID): the batch template must "
-        "start one runner per node with --node (see broker/batch_templates/README.md)"
+        "start one runner per node with --node (see templates/README.md)"
     )
 
 

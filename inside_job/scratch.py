@@ -14,6 +14,7 @@ import shutil
 import stat
 
 from inside_job.locks import FileLock
+from inside_job.private import account, private_dir
 
 _PREFIX = "run-"
 
@@ -22,7 +23,6 @@ def root(configured: str | None) -> str:
     """The estate's `container_scratch` (a private folder per account in it), else
     /var/tmp/klique-<uid>/containers (node-local: unpacked images on a shared home folder fill
     its quota and are slow). Never a folder another account could have made first."""
-    from inside_job.private import account, private_dir
 
     if configured:
         return private_dir(os.path.join(configured, account()))

@@ -6,8 +6,10 @@ from __future__ import annotations
 import os
 import sys
 
+from inside_job import report
 from klique import _environment
 from klique._api import Api, KliqueError, job_document
+from klique._local import LocalRun
 from klique.artifacts import Artifacts, upload
 
 TYPE_CHECKING = False
@@ -24,7 +26,6 @@ class Logger:
         self._folder = folder
 
     def scalar(self, name: str, value: float, step: Optional[int] = None) -> None:
-        from inside_job import report
 
         if not isinstance(name, str) or not name:
             raise ValueError("scalar name must be a non-empty string")
@@ -84,7 +85,6 @@ class Task:
 
     @classmethod
     def _record_local(cls, project: str, name: str, api: Optional[Api]) -> Task:
-        from klique._local import LocalRun
 
         api = api or Api()
         origin = _environment.origin()

@@ -40,6 +40,7 @@ from conftest_services import (  # noqa: E402, F401
 )
 
 from broker.cli import main  # noqa: E402
+from broker.store.repository import Store  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -131,6 +132,11 @@ FINAL = {"completed", "failed", "cancelled", "timeout", "lost"}
 TASK_PY = "/usr/bin/python3"
 # A host pool's access lines: the test accounts, and a shared job root made per server.
 HOST_ACCESS = "user_map: {admin: alice, alice: alice, bob: bob}\n    job_root: $JOB_ROOT"
+# The same as settings, for an estate built of Python values (helpers.estates).
+HOST_ACCESS_SETTINGS = {
+    "user_map": {"admin": "alice", "alice": "alice", "bob": "bob"},
+    "job_root": "$JOB_ROOT",
+}
 # Git, told to trust checkouts that another account owns (the tests' are alice's).
 TRUST_CHECKOUTS = {
     "GIT_CONFIG_COUNT": "1",
@@ -402,6 +408,14 @@ pools:
 @pytest.fixture
 def host_server(server_factory: Callable[..., Server]) -> Server:
     return server_factory(HOST_ESTATE)
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Store]:
+    """A new SQLite store in the test's folder, closed after the test."""
+    opened = Store.open(f"sqlite:///{tmp_path / 'klique.db'}")
+    yield opened
+    opened.close()
 
 
 def submitted_id(result: Result) -> int:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from helpers.container_images import podman_image
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 
@@ -243,7 +244,7 @@ devices:
 
 @pytest.fixture(scope="session")
 def podman() -> Podman:
-    """Podman with the tests' Python image (built once, tests/container_images.py) and a CDI
+    """Podman with the tests' Python image (built once, tests/helpers/container_images.py) and a CDI
     spec of fake GPUs in /var/run/cdi, one of podman's CDI folders."""
     if not services_on():
         pytest.skip(skip_reason("podman"))
@@ -253,8 +254,6 @@ def podman() -> Podman:
         if os.environ.get("KLIQUE_REQUIRE_SERVICES") == "1":
             pytest.fail(message, pytrace=False)
         pytest.skip(message)
-    from container_images import podman_image
-
     image = podman_image(binary)
     cdi = Path("/var/run/cdi")
     cdi.mkdir(parents=True, exist_ok=True)

@@ -14,11 +14,12 @@ from fastapi import APIRouter, Depends, Header, HTTPException
 from fastapi import Path as PathParam
 from pydantic import BaseModel, ConfigDict, Field
 
-from broker.api.auth import bearer
+from broker.control.loop import Scheduler
 from broker.errors import NotFound
+from broker.http.callers import bearer
 from broker.names import AGENT_ID, NAME
-from broker.scheduler.loop import Scheduler
-from broker.store.agent_tokens import AgentTokenInfo, AgentTokens
+from broker.store.identity import AgentTokens
+from broker.store.rows import AgentTokenInfo
 
 DEFAULT_LIFETIME_S = 90 * 86400
 # A token that outlives a year is one nobody remembers to rotate.

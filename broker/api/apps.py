@@ -12,16 +12,16 @@ from fastapi import Path as PathParam
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from broker import authz
-from broker.api.auth import Auth, Caller, scheduler_of
-from broker.api.create import check_task, new_task
 from broker.apps import launch
 from broker.apps.catalogue import App, load_catalogue
 from broker.authz import Action
+from broker.control.loop import Scheduler
 from broker.domain import StaticRoute, Task, TaskSpec
 from broker.errors import KliqueError, NotFound, NotPermitted
+from broker.http.callers import Auth, Caller, scheduler_of
 from broker.names import LINE, NAME, PROJECT
-from broker.scheduler.loop import Scheduler
 from broker.store.apps import AppStore
+from broker.tasks.create import check_task, new_task
 
 router = APIRouter(tags=["apps"])
 Name = Annotated[str, Field(pattern=NAME)]
@@ -119,7 +119,7 @@ def catalogue(scheduler: Scheduler) -> dict[str, App]:
 
 def static_routes(scheduler: Scheduler) -> dict[str, StaticRoute]:
     """The estate's routes, then those made through the API."""
-    return {**AppStore(scheduler.store).routes(), **scheduler.estate.routes}
+    return launch.static_routes(AppStore(scheduler.store).routes(), scheduler.estate)
 
 
 def the_app(scheduler: Scheduler, name: str) -> App:
@@ -262,7 +262,8 @@ def launch_app(name: AppName, body: LaunchRequest, request: Request, who: Auth) 
 def launch_task(scheduler: Scheduler, who: Caller, form: launch.LaunchForm, hub: Any) -> Task:
     """Every app task is made here, whatever asked for it: a launch, a clone or relaunch of an
     app task, an imported form. The app's rules first (its lock, its compute resources, a
-    static route's teams, the running-app quotas), then those of any task (broker/api/create)."""
+    static route's teams, the running-app quotas), then those of any task
+    (broker/tasks/create.py)."""
     app = the_app(scheduler, form.app)
     launch.check_lock(app, AppStore(scheduler.store).locks())
     resource = form.resource or scheduler.estate.default_resource or ""

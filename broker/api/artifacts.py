@@ -13,17 +13,19 @@ from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi import Path as PathParam
 from fastapi.responses import StreamingResponse
 
-from broker.api.auth import ActorAuth, scheduler_of
-from broker.api.schemas import ArtifactOut
-from broker.api.sdk import TaskId, acts_on, find, reads
-from broker.artifacts import ArtifactStore, TooLarge, too_large
-from broker.asgi import Scope
+from broker.api.tasks import Tasks
+from broker.artifacts import ArtifactStore
 from broker.bounds import OverBound, artifacts_problem
 from broker.domain import Limits
-from broker.errors import NotFound
+from broker.errors import TooLarge
+from broker.http.asgi import Scope
+from broker.http.callers import ActorAuth
+from broker.http.paths import API, TaskId
 from broker.names import ARTIFACT, FILENAME
+from broker.tasks import artifacts
+from broker.tasks.schemas import ArtifactOut
 
-router = APIRouter(prefix="/api/v1")
+router = APIRouter(prefix=API)
 Name = Annotated[str, PathParam(pattern=ARTIFACT, description="The artifact's name.")]
 # The one route whose body the request-size limit leaves alone: it streams and has its own.
 STREAMED = re.compile(r"^/api/v1/tasks/[0-9]+/artifacts/[^/]+$")
@@ -50,35 +52,25 @@ async def upload(
     task_id: TaskId,
     name: Name,
     request: Request,
+    tasks: Tasks,
     actor: ActorAuth,
     kind: Literal["file", "object"] = "file",
     filename: Annotated[str | None, Query(pattern=FILENAME)] = None,
 ) -> ArtifactOut:
     """Store the body as the task's artifact `name` (replacing one of that name)."""
-    scheduler = scheduler_of(request)
-    task = find(scheduler, task_id, actor, acts_on)
+    loop = tasks.loop
+    task = artifacts.writable(loop, actor, task_id)
     store = store_of(request)
-    limits = scheduler.estate.limits
-    # The task's other artifacts (one of this name is replaced) count against its share.
-    kept = sum(a["size"] for a in scheduler.store.artifacts(task.id) if a["name"] != name)
     content_length = request.headers.get("content-length")
-    if content_length is not None:
-        if not content_length.isdigit():
-            raise HTTPException(400, "the Content-Length header is not a number")
-        if int(content_length) > store.max_bytes:
-            raise HTTPException(413, too_large(int(content_length), store.max_bytes))
-        problem = artifacts_problem(limits, task.id, kept, int(content_length))
-        if problem:
-            raise HTTPException(413, problem)
-    room = limits.max_artifact_bytes - kept
+    if content_length is not None and not content_length.isdigit():
+        raise HTTPException(400, "the Content-Length header is not a number")
+    declared = None if content_length is None else int(content_length)
+    room = artifacts.room_for(loop, task, name, declared, store.max_bytes)
     try:
-        digest, size = await store.put(_body(request, task.id, room, limits))
-    except (TooLarge, OverBound) as exc:
-        raise HTTPException(413, str(exc)) from None
-    found = scheduler.store.add_artifact(
-        task.id, name=name, kind=kind, filename=filename or name, digest=digest, size=size
-    )
-    return ArtifactOut(**found)
+        digest, size = await store.put(_body(request, task.id, room, loop.estate.limits))
+    except OverBound as exc:
+        raise TooLarge(str(exc)) from None
+    return artifacts.stored(loop, task, name, kind, filename or name, digest, size)
 
 
 async def _body(request: Request, task_id: int, room: int, limits: Limits) -> AsyncIterator[bytes]:
@@ -95,10 +87,8 @@ async def _body(request: Request, task_id: int, room: int, limits: Limits) -> As
 
 
 @router.get("/tasks/{task_id}/artifacts")
-def listing(task_id: TaskId, request: Request, actor: ActorAuth) -> list[ArtifactOut]:
-    scheduler = scheduler_of(request)
-    task = find(scheduler, task_id, actor, lambda a, t: reads(scheduler, a, t, None))
-    return [ArtifactOut(**a) for a in scheduler.store.artifacts(task.id)]
+def listing(task_id: TaskId, tasks: Tasks, actor: ActorAuth) -> list[ArtifactOut]:
+    return artifacts.listing(tasks.loop, actor, task_id)
 
 
 @router.get(
@@ -106,12 +96,10 @@ def listing(task_id: TaskId, request: Request, actor: ActorAuth) -> list[Artifac
     response_class=StreamingResponse,
     responses={200: _BINARY},
 )
-def download(task_id: TaskId, name: Name, request: Request, actor: ActorAuth) -> StreamingResponse:
-    scheduler = scheduler_of(request)
-    task = find(scheduler, task_id, actor, lambda a, t: reads(scheduler, a, t, name))
-    found = scheduler.store.artifact(task.id, name)
-    if found is None:
-        raise NotFound(f"task {task.id} has no artifact {name!r}; `klique artifacts {task.id}`")
+def download(
+    task_id: TaskId, name: Name, request: Request, tasks: Tasks, actor: ActorAuth
+) -> StreamingResponse:
+    found = artifacts.readable(tasks.loop, actor, task_id, name)
     return StreamingResponse(
         store_of(request).read(found["digest"]),
         media_type="application/octet-stream",

@@ -10,15 +10,15 @@ from fastapi import APIRouter, HTTPException, Request
 from fastapi import Path as PathParam
 from pydantic import BaseModel, ConfigDict, Field
 
-from broker.api.auth import Auth
 from broker.api.identity_web import browser_routes
 from broker.errors import NotPermitted
+from broker.http.callers import Auth
 from broker.identity import ldap
 from broker.identity.canonical import NotAName, user_name
 from broker.identity.resolve import Identities, Refused
 from broker.identity.throttle import Throttle, retry_after
 from broker.names import LINE, NAME
-from broker.store.identity import TokenInfo
+from broker.store.rows import TokenInfo
 
 Scope = Literal["read", "submit"]
 TokenId = Annotated[str, PathParam(pattern=r"^[0-9a-f]{16}$", description="A token's id.")]

@@ -23,14 +23,19 @@ from typing import Annotated, Any
 
 from authlib.common.security import generate_token
 from fastapi import APIRouter, HTTPException, Query, Request
-from fastapi.responses import JSONResponse, RedirectResponse, Response
+from fastapi.responses import JSONResponse, RedirectResponse
 from pydantic import BaseModel
 
-from broker.api.auth import CSRF_COOKIE, CSRF_HEADER, SESSION_COOKIE
+from broker.http.cookies import (
+    CSRF_HEADER,
+    SESSION_COOKIE,
+    clear_session_cookies,
+    set_session_cookies,
+)
 from broker.identity.authlib_httpx import OAuthError
 from broker.identity.oidc import InvalidToken, Provider, ProviderUnreachable
 from broker.identity.resolve import Identities, Refused, session_fresh_until
-from broker.store.repository import token_digest
+from broker.store.identity import token_digest
 
 LOGIN_COOKIE = "klique_login"
 _LOGIN_TTL_S = 600.0
@@ -181,21 +186,6 @@ def browser_routes(identities: Identities) -> APIRouter:
         return response  # type: ignore[return-value]
 
     return router
-
-
-def set_session_cookies(response: Response, cookie: str, secure: bool) -> None:
-    """A new session's cookie: its id, never readable by a page. The CSRF token is no cookie
-    (a script could read one, and routes once shared this host): the UI's pages carry it, and
-    the browser's `klique_csrf` of old is cleared."""
-    response.set_cookie(
-        SESSION_COOKIE, cookie, path="/", httponly=True, samesite="lax", secure=secure
-    )
-    response.delete_cookie(CSRF_COOKIE, path="/")
-
-
-def clear_session_cookies(response: Response) -> None:
-    response.delete_cookie(SESSION_COOKIE, path="/")
-    response.delete_cookie(CSRF_COOKIE, path="/")
 
 
 def _redirect_uri(identities: Identities, request: Request) -> str:

@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from broker.domain import Estate
 from broker.errors import EstateError
 from broker.names import IMAGE, LINE, NAME, NO_NUL
+from broker.yaml_lines import LineMap, describe
 
 BUILT_IN = Path(__file__).resolve().parent.parent / "app_catalogue"
 PLACEHOLDER = re.compile(r"\{([a-z_][a-z0-9_]{0,63})\}")
@@ -113,15 +114,13 @@ def _load(folder: Path, resources: tuple[str, ...]) -> dict[str, App]:
 
 def parse_app(text: str, source: str, resources: set[str] | None = None) -> App:
     """One app file, checked: its schema, its form, its placeholders, its compute resources."""
-    from broker.estate import _describe, _LineMap
-
-    lines = _LineMap(text, source)
+    lines = LineMap(text, source)
     if not isinstance(lines.data, dict):
         raise EstateError([f"{source}:1: an app file must be a mapping with kind: and command:"])
     try:
         model = AppFile.model_validate(lines.data)
     except ValidationError as exc:
-        raise EstateError([_describe(err, lines) for err in exc.errors()]) from None
+        raise EstateError([describe(err, lines) for err in exc.errors()]) from None
     problems = [lines.error(at, message) for at, message in _check(model, resources)]
     if problems:
         raise EstateError(problems)

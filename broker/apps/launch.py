@@ -1,6 +1,6 @@
 """Launching an app: its form checked and filled, its command built, the locks and the
 running-app quotas honoured, then one task of kind `application` made through the same create
-path, policies and ledger as any task (broker/api/create.py).
+path, policies and ledger as any task (broker/tasks/create.py).
 
 A command element that is exactly `{PARAM}` of a list parameter becomes the list's items; an
 element that names a parameter left null is dropped (an option the user did not set); every
@@ -14,6 +14,7 @@ import json
 import re
 import secrets
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -167,6 +168,12 @@ def check_resource(app: App, resource: str) -> None:
             f"app {app.name} may use only the compute resources {', '.join(app.resources)}; "
             f"fix: launch it with -r {app.resources[0]}"
         )
+
+
+def static_routes(made: Mapping[str, StaticRoute], estate: Estate) -> dict[str, StaticRoute]:
+    """Every static route: those made through the API (`made`), and the estate's, which win a
+    name both hold (the estate is the platform team's file, read at every start)."""
+    return {**made, **estate.routes}
 
 
 def check_route(

@@ -15,7 +15,7 @@ from ldap3.utils.conv import escape_filter_chars
 from ldap3.utils.dn import escape_rdn
 
 from broker.identity.canonical import NotAName, user_name
-from broker.identity.config import LdapFile
+from broker.identity_settings import LdapFile
 
 
 class LdapRefused(Exception):

@@ -22,7 +22,7 @@ from joserfc.errors import JoseError
 from joserfc.jwk import KeySet
 
 from broker.identity.authlib_httpx import OAuth2Client
-from broker.identity.config import OidcFile
+from broker.identity_settings import OidcFile
 
 ALGORITHMS = ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "EdDSA")
 _DISCOVERY_TTL_S = 3600.0

@@ -15,10 +15,12 @@ import httpx
 from broker.domain import Estate
 from broker.identity.authlib_httpx import OAuthError
 from broker.identity.canonical import NotAName, user_name
-from broker.identity.config import IdentityFile, is_admin, team_for
 from broker.identity.oidc import InvalidToken, Provider, ProviderUnreachable
-from broker.store.identity import IdentityStore, SessionInfo, TokenInfo
-from broker.store.repository import Store, token_digest
+from broker.identity.teams import is_admin, team_for
+from broker.identity_settings import IdentityFile
+from broker.store.identity import IdentityStore, token_digest
+from broker.store.repository import Store
+from broker.store.rows import SessionInfo, TokenInfo
 
 USER_SCOPES = frozenset({"read", "submit"})
 ADMIN_SCOPES = frozenset({"admin", "read", "submit"})

@@ -72,9 +72,10 @@ class LazyMcp:
         return self._served
 
     def _make(self) -> tuple[Any, ASGI]:
+        # Here, not at the top: the MCP SDK costs a second of CPU to import (module docstring).
         from mcp.server.transport_security import TransportSecuritySettings
 
-        from broker.mcp.server import build_mcp
+        from broker.mcp.server import build_mcp  # lazily: it imports the MCP SDK
 
         server = build_mcp(self.app, self.public_url)
         # Bearer tokens are not sent by browsers on their own, so DNS rebinding gains nothing.

@@ -1,5 +1,5 @@
 """The MCP tools: the CLI's verbs for agents. Each one calls the REST API as the caller
-(broker/mcp/server.py) and returns what the API answered, as JSON text."""
+(broker/mcp/calls.py) and returns what the API answered, as JSON text."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 from mcp.server.mcpserver import MCPServer
 
-from broker.mcp.server import Api, _text, wait_for_refusal
+from broker.mcp.calls import Api, as_text, wait_for_refusal
 
 TASK_FIELDS = ("id", "name", "state", "reason", "resource", "pool", "project", "exit_code")
 
@@ -19,7 +19,7 @@ def register(server: MCPServer, api: Api) -> None:
     async def list_compute_resources() -> str:
         """The compute resources (sizes of GPU, CPU, memory, walltime) and whether your team may
         use each."""
-        return _text(await api.call("GET", "/resources"))
+        return as_text(await api.call("GET", "/resources"))
 
     @server.tool()
     async def submit_task(
@@ -44,28 +44,28 @@ def register(server: MCPServer, api: Api) -> None:
         }
         task = await api.call("POST", "/tasks", json=body)
         task = await wait_for_refusal(api, task)
-        return _text({k: task.get(k) for k in TASK_FIELDS})
+        return as_text({k: task.get(k) for k in TASK_FIELDS})
 
     @server.tool()
     async def show_task(task_id: int) -> str:
         """One of your tasks: command, state history, exit code and scalars."""
-        return _text(await api.call("GET", f"/tasks/{task_id}"))
+        return as_text(await api.call("GET", f"/tasks/{task_id}"))
 
     @server.tool()
     async def task_logs(task_id: int, offset: int = 0) -> str:
         """A task's console from a byte offset (the answer says where to go on from)."""
-        return _text(await api.call("GET", f"/tasks/{task_id}/logs", params={"offset": offset}))
+        return as_text(await api.call("GET", f"/tasks/{task_id}/logs", params={"offset": offset}))
 
     @server.tool()
     async def why_task(task_id: int) -> str:
         """Why a task waits: the primary reason and what each pool said."""
-        return _text(await api.call("GET", f"/tasks/{task_id}/why"))
+        return as_text(await api.call("GET", f"/tasks/{task_id}/why"))
 
     @server.tool()
     async def cancel_task(task_id: int) -> str:
         """Cancel one of your tasks, queued or running."""
         task = await api.call("POST", f"/tasks/{task_id}/cancel")
-        return _text({k: task.get(k) for k in TASK_FIELDS})
+        return as_text({k: task.get(k) for k in TASK_FIELDS})
 
     @server.tool()
     async def list_runs(state: str | None = None, limit: int = 50) -> str:
@@ -74,7 +74,7 @@ def register(server: MCPServer, api: Api) -> None:
         if state:
             params["state"] = state
         tasks = await api.call("GET", "/tasks", params=params)
-        return _text([{k: t.get(k) for k in TASK_FIELDS} for t in tasks])
+        return as_text([{k: t.get(k) for k in TASK_FIELDS} for t in tasks])
 
     @server.tool()
     async def compare_runs(task_ids: list[int]) -> str:
@@ -83,7 +83,7 @@ def register(server: MCPServer, api: Api) -> None:
         for task_id in task_ids[:20]:
             task = await api.call("GET", f"/tasks/{task_id}")
             rows.append(_comparison(task))
-        return _text(rows)
+        return as_text(rows)
 
     @server.tool()
     async def usage(by: str = "project", since_days: float | None = None) -> str:
@@ -94,7 +94,7 @@ def register(server: MCPServer, api: Api) -> None:
         params: dict[str, Any] = {"by": by}
         if since_days is not None:
             params["since"] = time.time() - since_days * 86400
-        return _text(await api.call("GET", "/usage", params=params))
+        return as_text(await api.call("GET", "/usage", params=params))
 
     @server.tool()
     async def list_apps() -> str:
@@ -102,7 +102,7 @@ def register(server: MCPServer, api: Api) -> None:
         apps with their routes."""
         catalogue = await api.call("GET", "/apps")
         running = await api.call("GET", "/apps/instances")
-        return _text({"catalogue": catalogue, "running": running})
+        return as_text({"catalogue": catalogue, "running": running})
 
     @server.tool()
     async def launch_app(
@@ -124,12 +124,12 @@ def register(server: MCPServer, api: Api) -> None:
             "route": route,
             "teams": teams or [],
         }
-        return _text(await api.call("POST", f"/apps/{app}/launch", json=body))
+        return as_text(await api.call("POST", f"/apps/{app}/launch", json=body))
 
     @server.tool()
     async def stop_app(task_id: int) -> str:
         """Stop one of your apps; its compute resource is freed and its runtime metered."""
-        return _text(await api.call("POST", f"/apps/instances/{task_id}/stop"))
+        return as_text(await api.call("POST", f"/apps/instances/{task_id}/stop"))
 
 
 def _comparison(task: dict[str, Any]) -> dict[str, Any]:

@@ -13,9 +13,12 @@ from __future__ import annotations
 import re
 import secrets
 import shlex
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
+from broker.domain import Task
 from broker.fileops import JOB_FOLDER
+from broker.pools.native import NativeStatus
+from broker.pools.staging import RUNNER, SCRIPT, StagedJob
 
 # An array job's name: its folder's, marked as an array's (klique-array-<first task>-<hex>).
 ARRAY_NAME = re.compile(r"klique-array-\d+-[0-9a-f]{12}")
@@ -24,6 +27,9 @@ _ELEMENT = re.compile(r"# (\d+) (/\S+)")
 _CASE_ELEMENT = re.compile(r"(\d+)\) dir=(\S+) ;;")
 _JOB_DIR = "{job_dir}"  # where a task's own folder stood in a directive, and its tag
 _TAG = "{tag}"
+
+# An array to submit: the directive lines its tasks share (shared_directives), and its tasks.
+Array = tuple[tuple[str, ...], list[StagedJob]]
 
 
 def array_folder(job_root: str, first_task_id: int) -> str:
@@ -129,4 +135,96 @@ def elements_of(script: str) -> dict[str, int]:
             words = shlex.split(match[2])
             if len(words) == 1 and JOB_FOLDER.fullmatch(words[0]):
                 found[words[0]] = int(match[1])
+    return found
+
+
+def sweep_batches(tasks: Sequence[Task], max_array: int, batch_items: int) -> list[list[Task]]:
+    """How the agent hands new tasks over where arrays are used: each sweep's tasks together
+    (up to an array's size), the rest `batch_items` at a time."""
+    sweeps: dict[int | None, list[Task]] = {}
+    for task in tasks:
+        sweeps.setdefault(task.sweep, []).append(task)
+    found: list[list[Task]] = []
+    for sweep, members in sweeps.items():
+        size = batch_items if sweep is None else max_array
+        found += [members[n : n + size] for n in range(0, len(members), size)]
+    return found
+
+
+def group_arrays(
+    jobs: Sequence[StagedJob], directive: str, max_array: int
+) -> tuple[list[Array], list[StagedJob]]:
+    """The tasks of one sweep whose directives (lines starting `directive`) agree, as arrays
+    of two or more (each with the directives its tasks share); the rest, one job each."""
+    groups: dict[tuple[int, tuple[str, ...]], list[StagedJob]] = {}
+    singles: list[StagedJob] = []
+    for job in jobs:
+        if job.task.sweep is None:
+            singles.append(job)
+            continue
+        script = job.folder.files[SCRIPT][0].decode()
+        shared = shared_directives(script, directive, job.folder.folder, job.task.tag)
+        groups.setdefault((job.task.sweep, shared), []).append(job)
+    arrays: list[Array] = []
+    for (_sweep, shared), members in groups.items():
+        for start in range(0, len(members), max_array):
+            chunk = members[start : start + max_array]
+            if len(chunk) > 1:
+                arrays.append((shared, chunk))
+            else:
+                singles += chunk
+    return arrays, singles
+
+
+def without_runner(files: Mapping[str, tuple[bytes, int]]) -> dict[str, tuple[bytes, int]]:
+    """An element's folder: the array's folder holds the runner once for all of them."""
+    return {name: data for name, data in files.items() if name != RUNNER}
+
+
+def dispatcher_path(status: NativeStatus, job_root: str) -> str:
+    """Where the dispatcher of the array job a status shows lies: the script the status
+    command shows (Slurm's squeue, PBS's Submit_arguments); where it shows none (LSF's bsub
+    reads it on its stdin), the folder the array's name names in the job root, for a record
+    that names its owner: the driver takes only that owner's elements, where it owns the
+    folder."""
+    if status.script or not status.user:
+        return status.script
+    folder = array_folder_named(job_root, status.name)
+    return f"{folder}/{SCRIPT}" if folder else ""
+
+
+def array_dispatchers(
+    listing: Iterable[NativeStatus], job_root: str, cancelled: Callable[[NativeStatus], bool]
+) -> dict[str, list[NativeStatus]]:
+    """The dispatcher of each live array job in a listing (path: its elements' records),
+    where it lies in an array folder of this job root that the job's name names."""
+    found: dict[str, list[NativeStatus]] = {}
+    for status in listing:
+        script = dispatcher_path(status, job_root)
+        folder = script.removesuffix(f"/{SCRIPT}")
+        ours = is_array_folder(folder, job_root) and array_name(folder) == status.name
+        if ours and not cancelled(status):
+            found.setdefault(script, []).append(status)
+    return found
+
+
+def elements_run(
+    script: str,
+    elements: Iterable[NativeStatus],
+    folders: Iterable[str],
+    account: str,
+    element_index: Callable[[str], int | None],
+) -> dict[str, str]:
+    """Which of these job folders an array's elements run (folder: element id), by the
+    table of its dispatcher `script`. Only the account's own elements count: another
+    account's job, named as this one's array, is never taken for a task's."""
+    wanted = set(folders)
+    at = {index: folder for folder, index in elements_of(script).items() if folder in wanted}
+    found: dict[str, str] = {}
+    for status in elements:
+        if status.user and status.user != account:
+            continue
+        index = element_index(status.native_id)
+        if index is not None and index in at:
+            found[at[index]] = status.native_id
     return found

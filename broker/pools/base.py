@@ -14,77 +14,15 @@ from typing import Any
 
 from broker.domain import Estate, Pool, Task, TaskState, spec_to_dict
 from broker.errors import KliqueError, NotPermitted, SubmitError
-from broker.scheduler.placement import PoolState
+from broker.execution import Observation, PoolState, Submission
+from broker.pools.settings import PoolSettings, settings_as
 from broker.transport import Transport, check_account
-
-
-@dataclass(frozen=True)
-class Observation:
-    """What a pool says of one of its tasks this cycle.
-
-    For a task whose submission's outcome was unknown, SUBMITTED with the job found (its
-    `native_id` and `job_dir`), or QUEUED when no job carries its tag and it may go again.
-    """
-
-    state: TaskState
-    reason: str = ""
-    exit_code: int | None = None
-    preempted: bool = False
-    native_id: str | None = None
-    job_dir: str | None = None
-    # A phase within a state (a running job's nodes still booting, or its execution suspended):
-    # shown in the reason; `charged` False keeps it out of the ledger (the pool's charge_phases).
-    phase: str = ""
-    charged: bool = True
-    # The job never ran (its node failed to boot), or its node failed where the pool leaves
-    # reruns to Klique (Slurm's `requeue: klique`): it goes again from Klique's queue.
-    retry: bool = False
-    requeued: bool = False  # the scheduler requeued a running job (its restart count grew)
-
 
 # Outcomes that only the runner knows: the task itself ended, or (`timeout`) the scheduler's
 # run-limit warning reached it (LSF's SIGUSR2), however the task ended after it. Any other
 # ending (a signal) is the scheduler's to name: walltime, cancel, node failure.
 RUNNER_OUTCOMES = ("completed", "failed", "setup_failed", "timeout")
 PREEMPTED_MARKER = "preempted"  # docs/job-directory.md: the runner reports `preempted`
-
-
-CONFIRM_S = 1.0  # a claimed end is looked for this soon after it is first seen
-
-
-@dataclass
-class ClaimedEnds:
-    """When to look again for the ends runners claimed. A runner reports its end just before
-    its job ends, and the end is final only once the pool has seen it: so the pool is asked
-    again soon after a new claim, rather than at its interval, then twice as late each time
-    while the same claims wait (a job slow to leave), up to the interval."""
-
-    interval_s: float
-    waiting: frozenset[int] = frozenset()  # the claims the last look did not confirm
-    wait_s: float = CONFIRM_S
-
-    def seen(self, waiting: frozenset[int]) -> None:
-        """What a look left unconfirmed."""
-        fresh = waiting - self.waiting
-        self.wait_s = CONFIRM_S if fresh else min(self.wait_s * 2, self.interval_s)
-        self.waiting = waiting
-
-    def due_in(self, claimed: frozenset[int], since_s: float) -> float | None:
-        """How long after a look `since_s` after the last one the pool is to be asked early for
-        these (0.0: now; None: no claim to ask about)."""
-        if not claimed:
-            return None
-        return max(0.0, (CONFIRM_S if claimed - self.waiting else self.wait_s) - since_s)
-
-    def next_in(self) -> float:
-        """The wait before the next look."""
-        return min(self.wait_s, self.interval_s) if self.waiting else self.interval_s
-
-
-@dataclass(frozen=True)
-class Submission:
-    native_id: str
-    job_dir: str
 
 
 @dataclass(frozen=True)
@@ -107,9 +45,14 @@ class PoolDriver(ABC):
     transport: Transport
     job_root: str
     submit_batch = 1  # tasks the agent hands `submit_many` at once
+    # How often the pool's scheduler may be asked for its jobs: its agent's clock
+    # (broker/agents/timing.py) times the queries. None: asked at every look (a cheap answer).
+    query_interval_s: float | None = None
+    settings: PoolSettings  # each kind's driver narrows it to its own kind's model
 
     def __init__(self, pool: Pool, context: Context) -> None:
         self.pool = pool
+        self.settings = settings_as(pool, PoolSettings)
         self.context = context
         self.strangers: set[str] = set()  # native ids of jobs with Klique's tag no task owns
         self.problems: list[str] = []  # found at start: the pool takes no task while there are any
@@ -127,11 +70,6 @@ class PoolDriver(ABC):
             )
         check_account(account)
         return account
-
-    def confirm_in(self, claimed: frozenset[int]) -> float | None:
-        """Seconds until a look would ask the pool about these claimed ends (None: a look
-        sees every end itself, or the pool is being waited out)."""
-        return None
 
     def new_job_dir(self, task: Task) -> str:
         """A fresh, unguessable folder name for this attempt: nobody can create it first."""
@@ -161,7 +99,7 @@ class PoolDriver(ABC):
         """An account to run start-up checks as (None: none is mapped)."""
         accounts = [*self.pool.user_map.accounts.values(), self.pool.user_map.default]
         # A same-name rule names no account in advance: the pool's query_account checks.
-        accounts.append(self.pool.settings.get("query_account"))  # type: ignore[arg-type]
+        accounts.append(self.settings.query_account)
         return next((str(a) for a in accounts if a), None)
 
     async def read_console(
@@ -216,8 +154,7 @@ class PoolDriver(ABC):
 
     def uv_setting(self) -> str | None:
         """The pool's `uv`: a path on the nodes, `stage`, or unset (the node's PATH)."""
-        configured = self.pool.settings.get("uv")
-        return str(configured) if configured else None
+        return self.settings.uv or None
 
     def uv_path(self, task: Task) -> str | None:
         """`uv: stage` puts this server's uv in a private folder of each account under job_root
@@ -285,12 +222,12 @@ class PoolDriver(ABC):
             "image": task.spec.image,
             "gpus": None if gpus is None else list(gpus),
             "report": report,
-            "cache_dir": self.pool.settings.get("cache_dir"),
+            "cache_dir": self.settings.cache_dir,
             "uv": self.uv_path(task),
-            "runtime": self.pool.settings.get("container_runtime"),
-            "container_scratch": self.pool.settings.get("container_scratch"),
-            "container_home": self.pool.settings.get("container_home"),
-            "container_gpus": self.pool.settings.get("container_gpus"),
+            "runtime": self.settings.container_runtime,
+            "container_scratch": self.settings.container_scratch,
+            "container_home": self.settings.container_home,
+            "container_gpus": self.settings.container_gpus,
             "gpus_requested": _asks_for_gpus_of(self.context.estate, task),
             "parameters": task.parameters,
             "app": task.spec.app,  # an application's route and walltime (broker/apps/launch.py)

@@ -22,18 +22,11 @@ from pydantic import Field, field_validator, model_validator
 
 from broker.domain import Pool, Task, TaskState
 from broker.errors import KliqueError, NotPermitted, SubmitError
-from broker.pools.base import (
-    Context,
-    Observation,
-    PoolDriver,
-    Submission,
-    observation_from_exit,
-    own_uv,
-    parse_json,
-)
+from broker.execution import Observation, PoolState, Submission
+from broker.pools.base import Context, PoolDriver, observation_from_exit, own_uv, parse_json
+from broker.pools.docker_args import CDI_KIND, check_image, check_run_arg
 from broker.pools.registry import PoolKindSpec
-from broker.pools.settings import PoolSettings
-from broker.scheduler.placement import PoolState
+from broker.pools.settings import PoolSettings, settings_as
 from broker.transport import LocalTransport
 from broker.units import Seconds, SizeMB
 
@@ -83,8 +76,6 @@ class HostSettings(PoolSettings):
 
     @model_validator(mode="after")
     def _container_settings(self) -> HostSettings:
-        from broker.pools import host_docker
-
         if self.mode == "venv" and (
             self.run_args or self.image or "runtime" in self.model_fields_set
         ):
@@ -101,27 +92,25 @@ class HostSettings(PoolSettings):
                 "in docker mode a task's container sees only its job folder, not the host's "
                 "cache_dir or container_scratch; fix: remove them (or set mode: venv)"
             )
-        if not host_docker.CDI_KIND.fullmatch(self.gpu_device):
+        if not CDI_KIND.fullmatch(self.gpu_device):
             raise ValueError(
                 f"gpu_device {self.gpu_device!r} is not a CDI device kind; fix: VENDOR/CLASS, "
                 "e.g. nvidia.com/gpu"
             )
         for arg in self.run_args:
-            host_docker.check_run_arg(arg)
+            check_run_arg(arg)
         return self
 
     @field_validator("image")
     @classmethod
     def _image(cls, image: str | None) -> str | None:
-        from broker.pools import host_docker
-
-        return image and host_docker.check_image(image, "the pool's image")
+        return image and check_image(image, "the pool's image")
 
 
 POOL_KIND = PoolKindSpec(
     name="host",
     settings=HostSettings,
-    driver="broker.pools.host:HostDriver",
+    driver="broker.pools.host_docker:host_driver",  # HostDriver, or in docker mode its subclass
     queueing=False,
     summary="this machine: tasks run as processes in fixed slots, GPUs assigned by Klique",
 )
@@ -134,26 +123,21 @@ def system_python() -> str:
 
 class HostDriver(PoolDriver):
     transport: LocalTransport
-
-    def __new__(cls, pool: Pool, context: Context) -> HostDriver:
-        # A pool in docker mode is served by the driver of broker/pools/host_docker.py.
-        if cls is HostDriver and pool.settings.get("mode") == "docker":
-            from broker.pools.host_docker import DockerHostDriver
-
-            return super().__new__(DockerHostDriver)
-        return super().__new__(cls)
+    settings: HostSettings
 
     def __init__(self, pool: Pool, context: Context) -> None:
         super().__init__(pool, context)
+        self.settings = settings_as(pool, HostSettings)
         self.transport = LocalTransport()
         self.single_user = not pool.user_map.maps_anyone
         self.server_account = pwd.getpwuid(os.geteuid()).pw_name
         # Without a user map, the server's own account keeps the job folders in its own home.
-        self.job_root = str(pool.settings.get("job_root") or context.home / "jobs")
-        self.python = str(pool.settings.get("python") or system_python())
+        self.job_root = self.settings.job_root or str(context.home / "jobs")
+        self.python = self.settings.python or system_python()
         self.processes: dict[int, asyncio.subprocess.Process] = {}
         self._python_problems: dict[str, str | None] = {}
-        self._claims: dict[int, float] = {}  # when an exit file was first seen beside a live runner
+        # When an exit file was first seen beside a live runner (its claimed end, not yet true).
+        self._exit_seen_at: dict[int, float] = {}
 
     # Who runs what.
 
@@ -189,7 +173,7 @@ class HostDriver(PoolDriver):
                 "account and such an estate)"
             ]
             return self.problems
-        if self.single_user and not self.pool.settings.get("job_root"):
+        if self.single_user and not self.settings.job_root:
             os.makedirs(self.job_root, mode=0o700, exist_ok=True)
         problems = list(await super().check())
         accounts = {*self.pool.user_map.accounts.values(), self.pool.user_map.default}
@@ -303,10 +287,10 @@ class HostDriver(PoolDriver):
         exit_doc = parse_json(files.get("exit.json"))
         if self._alive(task):
             if exit_doc is None:
-                self._claims.pop(task.id, None)
+                self._exit_seen_at.pop(task.id, None)
                 started = parse_json(files.get("status.json"))
                 return Observation(TaskState.RUNNING) if started else None
-            first = self._claims.setdefault(task.id, time.monotonic())
+            first = self._exit_seen_at.setdefault(task.id, time.monotonic())
             if time.monotonic() - first < CLAIM_GRACE_S:
                 return None
             return Observation(
@@ -314,7 +298,7 @@ class HostDriver(PoolDriver):
                 f"its runner reported that the task ended ({exit_doc.get('outcome')}), but the "
                 "runner's process is still running: the report is ignored until the process ends",
             )
-        self._claims.pop(task.id, None)
+        self._exit_seen_at.pop(task.id, None)
         process = self.processes.pop(task.id, None)
         if exit_doc is None:  # a final look: it may have been written since the read
             again = await self.transport.read_files(

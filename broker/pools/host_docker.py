@@ -26,7 +26,6 @@ import grp
 import json
 import os
 import pwd
-import re
 import shutil
 import stat
 import time
@@ -36,46 +35,23 @@ from typing import Any
 
 from broker.domain import Pool, Task, TaskState
 from broker.errors import KliqueError, NotPermitted, SubmitError, SubmitUnknown
+from broker.execution import Observation, Submission
 from broker.pools import kube_pod
-from broker.pools.base import Context, Observation, PoolDriver, Submission
-from broker.pools.host import SYSTEM_PATH, HostDriver
-from inside_job import imageref
+from broker.pools.base import Context, PoolDriver
+from broker.pools.docker_args import check_image
+from broker.pools.host import SYSTEM_PATH, HostDriver, HostSettings
+from broker.pools.settings import settings_as
 
 RUNNER_PATH = f"{kube_pod.RUNNER_MOUNT}/{kube_pod.RUNNER_FILE}"
 LABEL_TASK = kube_pod.LABEL_TASK
 LABEL_POOL = kube_pod.LABEL_POOL
 _COMMAND_TIMEOUT_S = 120.0
 
-# What a site may add to `run`: options that limit a container, each with the values it may
-# take; nothing that mounts, adds privileges or devices, or changes the user.
-RUN_ARGS: dict[str, re.Pattern[str]] = {
-    "ulimit": re.compile(r"[a-z]+=-?[0-9]+(:-?[0-9]+)?"),
-    "runtime": re.compile(r"/[A-Za-z0-9_./-]+|[a-z][a-z0-9_-]*"),
-    "network": re.compile(r"none|host|bridge|slirp4netns|pasta|private"),
-    "pids-limit": re.compile(r"-?[0-9]+"),
-    "shm-size": re.compile(r"[0-9]+[bkmgBKMG]?"),
-    "memory": re.compile(r"[0-9]+[bkmgBKMG]?"),
-    "cpus": re.compile(r"[0-9]+(\.[0-9]+)?"),
-}
-CDI_KIND = re.compile(r"[a-z0-9.-]+\.[a-z]+/[a-z0-9_.-]+")  # vendor.tld/class (the CDI spec)
 JOB_FOLDER = "job"  # the job folder, inside the attempt's folder that the container mounts
 
 
 class CommandTimeout(KliqueError):
     """A runtime command that did not answer in time: what it did is unknown."""
-
-
-def check_run_arg(arg: str) -> str:
-    """One of the pool's run_args, as `--OPTION=VALUE` with an allowed option and value."""
-    name, eq, value = arg.removeprefix("--").partition("=")
-    pattern = RUN_ARGS.get(name)
-    if not arg.startswith("--") or not eq or pattern is None or not pattern.fullmatch(value):
-        allowed = ", ".join(f"--{option}=..." for option in RUN_ARGS)
-        raise ValueError(
-            f"run_args: {arg!r} is not allowed; fix: use only {allowed} (one `--OPTION=VALUE` "
-            "per item); mounts, devices, users and privileges are Klique's to set"
-        )
-    return arg
 
 
 @dataclass(frozen=True)
@@ -154,21 +130,6 @@ def image_of(task: Task, default: str | None = None) -> str:
         raise SubmitError(str(exc)) from exc
 
 
-def check_image(image: str, where: str) -> str:
-    """A registry reference in the runtime's store, without a docker:// scheme; ValueError
-    naming `where` for anything else (an option, a path on the host)."""
-    try:
-        checked = imageref.check(image)
-    except imageref.ImageError as exc:
-        raise ValueError(f"{where}: {exc}") from exc
-    if imageref.is_local(checked):
-        raise ValueError(
-            f"{where}: image {checked!r} is a path; podman and Docker run images from their "
-            "store; fix: give a reference (`podman import` or `podman load` the image first)"
-        )
-    return checked.removeprefix("docker://")
-
-
 def container_name(task: Task) -> str:
     """The attempt's folder's name (klique-<task>-<attempt>-<random>): the attempt's own."""
     return mount_folder(str(task.job_dir)).rsplit("/", 1)[-1]
@@ -216,19 +177,26 @@ def private_group_problem(account: str, gid: int) -> str | None:
     return None
 
 
+def host_driver(pool: Pool, context: Context) -> HostDriver:
+    """A host pool's driver (its kind's, in broker/pools/host.py): in docker mode each task's
+    runner runs in a container of its image, else as a process."""
+    docker = settings_as(pool, HostSettings).mode == "docker"
+    return (DockerHostDriver if docker else HostDriver)(pool, context)
+
+
 class DockerHostDriver(HostDriver):
     """A host pool whose tasks each run in a container of their image."""
 
     def __init__(self, pool: Pool, context: Context) -> None:
         super().__init__(pool, context)
-        settings = pool.settings
-        self.runtime = str(settings.get("runtime") or "podman")
+        settings = self.settings
+        self.runtime = settings.runtime
         self.binary = shutil.which(self.runtime, path=SYSTEM_PATH + ":/usr/sbin") or self.runtime
-        self.python = str(settings.get("python") or "python3")  # the image's interpreter
-        self.image = str(settings.get("image") or "") or None  # for tasks that name none
-        self.grace_s = int(str(settings.get("stop_grace") or 10))
-        self.gpu_kind = str(settings.get("gpu_device") or "nvidia.com/gpu")
-        self.run_args = tuple(str(a) for a in settings.get("run_args") or ())  # type: ignore[attr-defined]
+        self.python = settings.python or "python3"  # the image's interpreter
+        self.image = settings.image or None  # for tasks that name none
+        self.grace_s = settings.stop_grace
+        self.gpu_kind = settings.gpu_device
+        self.run_args = tuple(settings.run_args)
         self.containers: set[str] = set()  # this pool's running containers, as last listed
         self._stopped: set[int] = set()  # tasks stopped at their walltime by this driver
         # When this driver asked for each task's container: podman's --timeout counts from the

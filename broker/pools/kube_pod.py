@@ -2,7 +2,7 @@
 overrides over it, then the fields Klique owns over both (docs/kubernetes.md).
 
 Both templates are YAML files the platform team edits, found like batch templates (the site's
-`templates_dir` first, then broker/batch_templates/): the base is `kubernetes/<pod_template>.yaml`
+`templates_dir` first, then the shipped templates/): the base is `kubernetes/<pod_template>.yaml`
 (`pod.yaml` ships), the overrides `kubernetes/<resource>.yaml` (optional). Nothing a task's
 owner controls enters them: the task's command, env and code travel in task.json (a Secret);
 the pod carries only validated names, numbers and the checked image reference.
@@ -93,12 +93,6 @@ def _merge_by_name(base: list[Any], override: list[Any]) -> list[Any]:
 
 
 # The templates.
-
-BUILT_IN = Path(__file__).resolve().parent.parent / "batch_templates"
-
-
-def template_roots(site: str | None) -> tuple[Path, ...]:
-    return (Path(site).expanduser(), BUILT_IN) if site else (BUILT_IN,)
 
 
 def load_yaml(path: Path) -> dict[str, Any]:

@@ -20,7 +20,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from broker.domain import TaskState
-from broker.pools.base import Observation, observation_from_exit, parse_json
+from broker.execution import Observation
+from broker.pools.base import observation_from_exit, parse_json
 from broker.pools.kube_pod import RUNNER_CONTAINER
 
 # Phase -> task state. Unknown: the node stopped answering; no news (the driver names it lost

@@ -28,13 +28,15 @@ from pydantic import Field
 
 from broker.domain import Pool, Task, TaskState
 from broker.errors import KliqueError, SubmitError, TemplateError, TransportError
+from broker.execution import Observation, PoolState, Submission
 from broker.pools import kube_pod, kube_states
-from broker.pools.base import Context, Observation, PoolDriver, Submission
+from broker.pools.base import Context, PoolDriver
 from broker.pools.kube_api import Conflict, Gone, KubeApi, KubeError
 from broker.pools.registry import PoolKindSpec
-from broker.pools.settings import PoolSettings
-from broker.scheduler.placement import PoolState
+from broker.pools.settings import PoolSettings, settings_as
+from broker.templates import search_roots
 from broker.units import Seconds, SizeMB
+from inside_job import imageref
 
 log = logging.getLogger("klique.pools")
 
@@ -53,7 +55,7 @@ class KubernetesSettings(PoolSettings):
     token_file: str | None = None  # with server: a service account's token, and the cluster's CA
     ca_file: str | None = None
     image: str = Field("python:3.12-slim", pattern=r"^[A-Za-z0-9/][A-Za-z0-9._/:@+-]{0,254}$")
-    job_root: str | None = "/klique/job"  # the runner's folder inside each pod (an emptyDir)
+    job_root: str = "/klique/job"  # the runner's folder inside each pod (an emptyDir)
     pod_template: str = Field("pod", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
     gpu_resource: str = "nvidia.com/gpu"
     mig_resource: str | None = None  # fractions and GPU-memory requests take one MIG slice
@@ -94,28 +96,30 @@ def installation_id(home: Path, configured: object) -> str:
 
 
 class KubernetesDriver(PoolDriver):
+    settings: KubernetesSettings
+
     def __init__(self, pool: Pool, context: Context, api: KubeApi | None = None) -> None:
         super().__init__(pool, context)
-        s = pool.settings
-        self.namespace = str(s["namespace"])
-        self.job_root = str(s.get("job_root") or "/klique/job")
+        self.settings = s = settings_as(pool, KubernetesSettings)
+        self.namespace = s.namespace
+        self.job_root = s.job_root
         self.api = api or KubeApi(
             self.namespace,
-            server=_opt(s.get("server")),
-            kubeconfig=_opt(s.get("kubeconfig")),
-            context=_opt(s.get("kube_context")),
-            token_file=_opt(s.get("token_file")),
-            ca_file=_opt(s.get("ca_file")),
+            server=_opt(s.server),
+            kubeconfig=_opt(s.kubeconfig),
+            context=_opt(s.kube_context),
+            token_file=_opt(s.token_file),
+            ca_file=_opt(s.ca_file),
         )
-        self._installation = _opt(s.get("installation"))
+        self._installation = _opt(s.installation)
         self.forms = kube_pod.GpuForms(
-            whole=str(s.get("gpu_resource") or "nvidia.com/gpu"),
-            mig=_opt(s.get("mig_resource")),
-            shared=_opt(s.get("shared_gpu_resource")),
+            whole=s.gpu_resource,
+            mig=_opt(s.mig_resource),
+            shared=_opt(s.shared_gpu_resource),
             gpu_memory_mb=pool.gpu_memory_mb,  # the estate keeps `gpu_memory` on the Pool
         )
-        self.lost_after_s = float(s.get("lost_after") or 120)  # type: ignore[arg-type]
-        self.grace_s = int(s.get("delete_grace") or 30)  # type: ignore[call-overload]
+        self.lost_after_s = float(s.lost_after)
+        self.grace_s = s.delete_grace
         self.pods: dict[str, dict[str, Any]] = {}  # by name, as the watch last showed them
         self.resource_version: str | None = None
         self.lists = 0  # how often the pods were listed (once, plus once per 410 Gone)
@@ -210,7 +214,7 @@ class KubernetesDriver(PoolDriver):
             pool=self.pool.name,
             installation=self.installation,
             image=self.image(task),
-            python=str(self.pool.settings.get("python") or "python3"),
+            python=self.settings.python or "python3",
             job_dir=job_dir or task.job_dir or self.new_job_dir(task),
             secret=f"{name}-task",
             runner_config_map=self._runner_map or "klique-runner",
@@ -220,27 +224,25 @@ class KubernetesDriver(PoolDriver):
             gpus=profile.gpus,
             gpu_fraction=profile.gpu_fraction,
             gpu_memory_mb=profile.gpu_memory_mb,
-            run_as_user=int(self.pool.settings.get("run_as_user") or 1000),  # type: ignore[call-overload]
+            run_as_user=self.settings.run_as_user,
         )
 
     def image(self, task: Task) -> str:
         """The task's image (checked: a reference, nothing else), else the pool's."""
         if not task.spec.image:
-            return str(self.pool.settings.get("image") or "python:3.12-slim")
-        from inside_job import imageref
-
+            return self.settings.image
         try:
             return imageref.check(task.spec.image).removeprefix("docker://")
         except imageref.ImageError as exc:
             raise TemplateError(str(exc)) from exc
 
     def base_template(self) -> Path:
-        roots = kube_pod.template_roots(self.context.estate.templates_dir)
-        return kube_pod.find_base(str(self.pool.settings["pod_template"]), roots)
+        roots = search_roots(self.context.estate.templates_dir)
+        return kube_pod.find_base(self.settings.pod_template, roots)
 
     def render(self, task: Task, job_dir: str | None = None) -> dict[str, Any]:
         """The pod: the base template, the compute resource's overrides, Klique's fields."""
-        roots = kube_pod.template_roots(self.context.estate.templates_dir)
+        roots = search_roots(self.context.estate.templates_dir)
         base = kube_pod.load_yaml(self.base_template())
         found = kube_pod.find_overrides(task.resource, roots)
         overrides = kube_pod.load_yaml(found) if found else None
@@ -252,7 +254,7 @@ class KubernetesDriver(PoolDriver):
         document = super().task_document(task, report_token, gpus)
         document["image"] = None  # the pod runs in the image already
         document["runtime"] = None
-        url = self.pool.settings.get("report_url")
+        url = self.settings.report_url
         if url and document["report"]:
             document["report"]["url"] = str(url)
         cap = kube_pod.memory_cap_mb(self.request(task), self.forms)

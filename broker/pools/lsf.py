@@ -17,10 +17,12 @@ from markupsafe import Markup
 
 from broker.domain import Pool, Profile, Task, TaskState
 from broker.errors import KliqueError, SubmitError, TransportError
-from broker.pools.base import Context, Observation
-from broker.pools.batch import BatchDriver, NativeStatus, unreadable
+from broker.execution import Observation
+from broker.pools.base import Context
+from broker.pools.batch import BatchDriver
+from broker.pools.native import NativeStatus, unreadable
 from broker.pools.registry import PoolKindSpec
-from broker.pools.settings import BatchSettings
+from broker.pools.settings import BatchSettings, settings_as
 from broker.transport import Completed, Transport
 
 log = logging.getLogger("klique.pools")
@@ -145,6 +147,7 @@ _BLAUNCH = "blaunch -z \"$(printf '%s %s\\n' $LSB_MCPU_HOSTS | cut -d' ' -f1 | x
 
 
 class LsfDriver(BatchDriver):
+    settings: LsfSettings
     kind = "lsf"
     STATES = LSF_ALL_STATES
     REASONS = LSF_REASONS
@@ -177,6 +180,7 @@ class LsfDriver(BatchDriver):
 
     def __init__(self, pool: Pool, context: Context, transport: Transport | None = None) -> None:
         super().__init__(pool, context, transport)
+        self.settings = settings_as(pool, LsfSettings)
         self._requeues = RequeueCount()
         self._job_ids: dict[str, list[str]] = {}  # the jobs the next status query names
 
@@ -211,12 +215,12 @@ class LsfDriver(BatchDriver):
         )
 
     def directives(self, task: Task, profile: Profile, job_dir: str) -> list[str]:
-        settings = self.pool.settings
+        settings = self.settings
         found = [f"-J {task.tag}", f"-Jd {task.tag}"]
-        if settings.get("queue"):
-            found.append(f"-q {settings['queue']}")
-        if settings.get("account"):
-            found.append(f"-P {settings['account']}")
+        if settings.queue:
+            found.append(f"-q {settings.queue}")
+        if settings.account:
+            found.append(f"-P {settings.account}")
         # bsub(1) -n counts slots (CPUs); span[ptile=C] puts C of them on each host, so a task
         # on several nodes has one host per node.
         span = f"span[ptile={profile.cpus}]" if profile.nodes > 1 else "span[hosts=1]"
@@ -267,7 +271,7 @@ class LsfDriver(BatchDriver):
 
     @property
     def json(self) -> bool:
-        return self.pool.settings.get("bjobs_json", True) is not False
+        return self.settings.bjobs_json
 
     async def poll(self, tasks: Sequence[Task]) -> dict[int, Observation]:
         # The one query per cycle names the pool's jobs by id (an array by its number, which

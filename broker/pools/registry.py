@@ -7,36 +7,38 @@ from __future__ import annotations
 import functools
 import importlib
 import pkgutil
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
+import broker.pools
+from broker.domain import Pool
+from broker.pools.base import Context, PoolDriver
 from broker.pools.settings import PoolSettings
-
-if TYPE_CHECKING:
-    from broker.domain import Pool
-    from broker.pools.base import Context, PoolDriver
 
 
 @dataclass(frozen=True)
 class PoolKindSpec:
     name: str  # the estate's `kind:`
     settings: type[PoolSettings]  # its model, with `kind: Literal[name]`
-    driver: str  # "module:Class", imported when a pool of this kind starts
+    # "module:name" of the driver's class, or of a function that chooses one by the pool's
+    # settings; imported when a pool of this kind starts.
+    driver: str
     queueing: bool  # a scheduler queue of its own (batch), rather than fixed slots
     summary: str  # one line for errors and docs
     spans_nodes: bool = False  # one task may hold several nodes (batch schedulers)
 
-    def driver_class(self) -> type[PoolDriver]:
+    def driver_factory(self) -> Callable[[Pool, Context], PoolDriver]:
         module, _, name = self.driver.partition(":")
-        cls: type[PoolDriver] = getattr(importlib.import_module(module), name)
-        return cls
+        factory: Callable[[Pool, Context], PoolDriver] = getattr(
+            importlib.import_module(module), name
+        )
+        return factory
 
 
 @functools.cache
 def kinds() -> dict[str, PoolKindSpec]:
     """Every pool kind, by name: the modules of broker.pools that declare POOL_KIND."""
-    import broker.pools as package
-
+    package = broker.pools
     found: dict[str, PoolKindSpec] = {}
     for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda m: m.name):
         module = importlib.import_module(f"{package.__name__}.{info.name}")
@@ -54,6 +56,12 @@ def kind(name: str) -> PoolKindSpec:
         raise KeyError(f"unknown pool kind {name!r}; known kinds: {known}") from None
 
 
+def settings_for(kind_name: str, **fields: object) -> PoolSettings:
+    """A pool's settings model of this kind, validated as the estate would (tests build pools
+    by hand with it): `settings_for("slurm", partition="gpu")`."""
+    return kind(kind_name).settings.model_validate({"kind": kind_name, **fields})
+
+
 def make_driver(pool: Pool, context: Context) -> PoolDriver:
     """The driver of the pool's kind, for this pool."""
-    return kind(pool.kind).driver_class()(pool, context)
+    return kind(pool.kind).driver_factory()(pool, context)

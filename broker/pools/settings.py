@@ -5,11 +5,14 @@ kind (`partition` on a PBS pool) is an error with its file and line."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 from pydantic import Discriminator, Field, Tag, model_validator
 
+from broker.domain import Pool
 from broker.units import Seconds, Strict
+
+SUBMIT_CONCURRENCY = 8  # a pool's submissions in flight at once, where its kind sets none
 
 Runtime = Literal["charliecloud", "apptainer", "singularity", "enroot", "pyxis"]
 
@@ -102,7 +105,63 @@ class BatchSettings(PoolSettings):
     # Phases of a running job that the ledger charges (default none: a job whose nodes are
     # booting, or whose execution is suspended by gang scheduling, is not charged).
     charge_phases: list[Literal["configuring", "suspended"]] = []
-    submit_concurrency: int = Field(8, ge=1, le=64)  # submissions in flight at once
+    submit_concurrency: int = Field(SUBMIT_CONCURRENCY, ge=1, le=64)  # submissions in flight
     # A sweep's tasks that share every directive go as one array job, where the scheduler
     # has them (docs/job-arrays.md); false: one job each.
     job_arrays: bool = True
+
+
+Model = TypeVar("Model", bound=PoolSettings)
+
+
+def settings_as(pool: Pool, model: type[Model]) -> Model:
+    """The pool's settings as its kind's model (or a base of it: PoolSettings, BatchSettings).
+
+    The estate validates each pool against its kind's model and the model travels as itself
+    in `Pool.settings`; a pool of another kind here is a wiring mistake, not a user's."""
+    settings = pool.settings
+    if not isinstance(settings, model):
+        raise TypeError(
+            f"pool {pool.name!r} ({pool.kind}) has {type(settings).__name__} settings where "
+            f"{model.__name__} was expected"
+        )
+    return settings
+
+
+def batch_settings(pool: Pool) -> BatchSettings | None:
+    """A batch pool's settings; None for a pool of another kind (a host, a namespace)."""
+    settings = pool.settings
+    return settings if isinstance(settings, BatchSettings) else None
+
+
+# What the scheduler's loop and the agents ask of any pool, whatever its kind. A pool built by
+# hand for placement alone (no settings model) answers with the defaults.
+
+
+def serves_remotely(pool: Pool) -> bool:
+    """The pool is served by `klique agent` on its login node: the server only places its
+    tasks and keeps its ledger."""
+    return isinstance(pool.settings, PoolSettings) and pool.settings.agent == "remote"
+
+
+def description_of(pool: Pool) -> str:
+    """The pool's one line for people (empty where it says none)."""
+    return pool.settings.description if isinstance(pool.settings, PoolSettings) else ""
+
+
+def poll_interval_s(pool: Pool) -> float | None:
+    """How often a batch pool is asked about its jobs (None: the scheduler's own tick)."""
+    batch = batch_settings(pool)
+    return None if batch is None else float(batch.poll_interval)
+
+
+def submit_concurrency(pool: Pool) -> int:
+    """Submissions in flight at once on the pool."""
+    batch = batch_settings(pool)
+    return SUBMIT_CONCURRENCY if batch is None else batch.submit_concurrency
+
+
+def requeues_preempted(pool: Pool) -> bool:
+    """A preempted task goes back to Klique's queue (the pool's `requeue_preempted`)."""
+    batch = batch_settings(pool)
+    return batch is not None and batch.requeue_preempted

@@ -12,12 +12,16 @@ from typing import Any, Literal
 from markupsafe import Markup
 from pydantic import model_validator
 
-from broker.domain import Profile, Task, TaskState
+from broker.domain import Pool, Profile, Task, TaskState
 from broker.errors import KliqueError, SubmitError
-from broker.pools.base import Observation
-from broker.pools.batch import BatchDriver, Capacity, NativeStatus, walltime_hms
+from broker.execution import Observation
+from broker.pools.base import Context
+from broker.pools.batch import BatchDriver
+from broker.pools.native import Capacity, NativeStatus
 from broker.pools.registry import PoolKindSpec
-from broker.pools.settings import BatchSettings
+from broker.pools.settings import BatchSettings, settings_as
+from broker.pools.staging import walltime_hms
+from broker.transport import Transport
 
 # squeue(1), "JOB STATE CODES", and sacct(1), "JOB STATE CODES" (Slurm 22.05).
 SLURM_STATES: dict[str, TaskState] = {
@@ -230,20 +234,26 @@ class SlurmDriver(BatchDriver):
     SHOWS_SCRIPT = True  # squeue's Command: the script's path, "(null)" for sbatch --wrap
     DIRECTIVE = "#SBATCH"
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    settings: SlurmSettings
+
+    def __init__(self, pool: Pool, context: Context, transport: Transport | None = None) -> None:
+        super().__init__(pool, context, transport)
+        self.settings = settings_as(pool, SlurmSettings)
         self._config_read = False
 
     def query_account(self) -> str:
-        return str(self.pool.settings.get("status_account") or super().query_account())
+        return self.settings.status_account or super().query_account()
 
     def held(self, status: NativeStatus) -> str:
-        advice = SLURM_HELD.get(status.state) or SLURM_HELD.get(status.reason.strip())
-        return advice.format(job=status.native_id) if advice else ""
+        return held_advice(status)
+
+    @property
+    def withdraws_held(self) -> bool:
+        return self.settings.requeued_held == "withdraw"
 
     @property
     def reruns_node_failures(self) -> bool:
-        return self.pool.settings.get("requeue") == "klique"
+        return self.settings.requeue == "klique"
 
     async def check(self) -> list[str]:
         problems = await super().check()
@@ -272,32 +282,35 @@ class SlurmDriver(BatchDriver):
         if largest is not None and largest.isdigit():
             self.max_array = int(largest)  # indices 0 to MaxArraySize - 1
         timeout = parse_message_timeout(config or "")
-        if timeout is not None and not self.pool.settings.get("message_timeout"):
+        if timeout is not None and not self.settings.message_timeout:
             self.message_timeout_s = timeout
         if not self._detect_per_account:
             return  # the pool's status_per_account decides
         private = parse_private_data(config) if config is not None else None
-        mode = status_mode(private, self.pool.settings.get("status_account"), account)
+        mode = status_mode(private, self.settings.status_account, account)
         self._per_account = mode.per_account
         self.notes = [mode.note]
         log.info("pool %s: %s", self.pool.name, mode.note)
 
     def directives(self, task: Task, profile: Profile, job_dir: str) -> list[str]:
-        settings = self.pool.settings
+        settings = self.settings
         found = [f"--job-name={task.tag}", f"--comment={task.tag}"]
-        for key in ("partition", "account", "qos"):
-            if settings.get(key):
-                found.append(f"--{key}={settings[key]}")
+        for key, value in (
+            ("partition", settings.partition),
+            ("account", settings.account),
+            ("qos", settings.qos),
+        ):
+            if value:
+                found.append(f"--{key}={value}")
         gpus = profile.whole_gpus
-        flag = str(settings.get("gpu_flag") or "gres")
+        flag = settings.gpu_flag
         if profile.nodes > 1:  # sbatch(1): one task a node, and what each node holds
             found += [f"--nodes={profile.nodes}", "--ntasks-per-node=1"]
             if flag == "gpus":  # --gpus is job-wide: every node's GPUs
                 gpus *= profile.nodes
         if gpus:
             found.append(_GPU_DIRECTIVE[flag].format(gpus))
-        requeue = settings.get("requeue") or "slurm"
-        found.append("--requeue" if requeue == "slurm" else "--no-requeue")
+        found.append("--requeue" if settings.requeue == "slurm" else "--no-requeue")
         # The job's environment is sbatch's: the submit step starts it with the job's variables
         # only (fileops.SLURM_JOB_ENV). A list here would have slurmd add the account's login
         # environment, from a login shell it runs for every job (sbatch(1) --export).
@@ -364,15 +377,15 @@ class SlurmDriver(BatchDriver):
 
     def capacity_argv(self) -> list[str] | None:
         argv = ["sinfo", "--noheader", "--Format=CPUsState:|,Gres:|,GresUsed:|,NodeAIOT:|"]
-        if self.pool.settings.get("partition"):
-            argv.append(f"--partition={self.pool.settings['partition']}")
+        if self.settings.partition:
+            argv.append(f"--partition={self.settings.partition}")
         return argv
 
     def parse_capacity(self, stdout: str) -> Capacity:
         return parse_sinfo(stdout)
 
     def history_argv(self, native_ids: Sequence[str]) -> list[str] | None:
-        accounting = self.pool.settings.get("accounting") or "none"
+        accounting = self.settings.accounting
         if accounting == "none":
             return None
         argv = [
@@ -420,6 +433,12 @@ def status_mode(private: frozenset[str] | None, status_account: object, account:
 
 def _shown(private: frozenset[str]) -> str:
     return ",".join(sorted(private)) or "none"
+
+
+def held_advice(status: NativeStatus) -> str:
+    """What to do about a job Slurm requeued and holds (SLURM_HELD); "" for any other job."""
+    advice = SLURM_HELD.get(status.state) or SLURM_HELD.get(status.reason.strip())
+    return advice.format(job=status.native_id) if advice else ""
 
 
 def parse_private_data(stdout: str) -> frozenset[str] | None:

@@ -6,7 +6,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from broker.domain import Estate, Pool, Profile
-from broker.scheduler.model import ActiveTask, PoolState
+from broker.execution import PoolState
+from broker.scheduler.model import ActiveTask
 
 EPS = 1e-9
 

@@ -1,6 +1,8 @@
-"""The scheduler's inputs and outputs: plain frozen data that the loop fills and reads.
+"""The scheduler's inputs and outputs: plain frozen data that the control loop
+(broker/control/loop.py) fills and reads, and `active_of`, a held task as placement sees it.
 
-`broker.scheduler.placement` re-exports every name here; import them from there.
+`broker.scheduler.placement` re-exports the data types here; a pool's state is a leaf type both
+sides share (broker/execution.py: PoolState).
 """
 
 from __future__ import annotations
@@ -9,7 +11,8 @@ import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from broker.domain import Estate
+from broker.domain import Estate, Task, TaskState
+from broker.execution import PoolState
 
 
 @dataclass(frozen=True)
@@ -50,27 +53,6 @@ class ActiveTask:
     preempted: bool = False  # asked to stop by a reclaim and not gone yet
     skip_pools: frozenset[str] = frozenset()  # pools it was withdrawn from before this one
     native_reason: str = ""  # the pool's own word for why it waits (squeue %r, ...)
-
-
-@dataclass(frozen=True)
-class PoolState:
-    """What a pool reported this cycle.
-
-    Queueing pools: `free_gpus`/`free_cpus`/`free_slots` are what could start now (None: the
-    pool does not count it), and `queued` is how many of Klique's tasks wait in its queue.
-    Host pools: only `reachable` and `reason` are read; Klique counts a host's capacity itself
-    from the estate and the active tasks. A pool with no report this cycle is unreachable.
-    """
-
-    name: str
-    free_slots: int | None = None
-    free_gpus: float = 0.0
-    free_cpus: int | None = None
-    queued: int = 0
-    reachable: bool = True
-    reason: str = ""
-    last_good: float | None = None  # wall-clock time of the pool's last good answer
-    free_nodes: int | None = None  # queueing pools: idle nodes, where the pool counts them
 
 
 @dataclass(frozen=True)
@@ -147,3 +129,23 @@ class SchedulerOutput:
     pending: dict[int, PendingReason]  # queued tasks that stay, and tasks in a pool's own queue
     withdrawals: list[int] = field(default_factory=list)  # spill-over: cancel in pool, requeue
     preemptions: list[int] = field(default_factory=list)  # reclaim: stop and requeue
+
+
+def active_of(task: Task, now: float) -> ActiveTask:
+    """A task a pool holds, as placement sees it."""
+    running = task.state is TaskState.RUNNING
+    since = (task.started_at if running else task.submitted_at) or now
+    return ActiveTask(
+        task.id,
+        task.owner,
+        task.team,
+        task.resource,
+        task.pool or "",
+        running,
+        since,
+        borrowed=task.borrowed,
+        gpus=task.gpu_ids,
+        preempted=task.preempted,
+        skip_pools=task.skip_pools,
+        native_reason=task.reason,
+    )

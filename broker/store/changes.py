@@ -3,7 +3,7 @@ so that a placement cycle or a pool's look reads only those instead of every que
 task.
 
 The server is the only writer of its store (remote agents report through its API), and every
-write goes through `Store._tx`: a session hook notes the task rows each transaction flushes,
+write goes through `Store.write`: a session hook notes the task rows each transaction flushes,
 and the ids count once the transaction commits. The scheduler still reloads everything now and
 then, in case something else wrote to the database."""
 

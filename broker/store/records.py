@@ -14,45 +14,38 @@ from sqlalchemy.orm import Session
 
 from broker.domain import Task, TaskState
 from broker.errors import NotFound
+from broker.store.rows import ARTIFACT_FIELDS, artifact_of, task_of
 from broker.store.tables import ArtifactRow, ScalarRow, TaskRow
-
-ARTIFACT_FIELDS = ("name", "kind", "filename", "digest", "size", "created_at")
 
 
 class RecordMethods:
-    """Mixed into Store: it provides the sessions."""
+    """Mixed into Store, which provides `read` and `write`."""
 
-    _tx: Callable[[], AbstractContextManager[Session]]
-    _sessions: Callable[[], Session]
+    write: Callable[[], AbstractContextManager[Session]]
+    read: Callable[[], Session]
 
     def task_for_report_digest(self, digest: str) -> Task | None:
         """The task whose current report token has this digest (tokens are random: at most one)."""
-        from broker.store.repository import _task
-
         if not digest:
             return None
-        with self._sessions() as session:
+        with self.read() as session:
             row = session.scalar(select(TaskRow).where(TaskRow.report_digest == digest))
-            return _task(row, with_diff=False) if row is not None else None
+            return task_of(row, with_diff=False) if row is not None else None
 
     def scalar_count(self, task_id: int) -> int:
         """How many scalar points the task has (limits.max_scalars bounds them)."""
         query = select(func.count()).select_from(ScalarRow).where(ScalarRow.task_id == task_id)
-        with self._sessions() as session:
+        with self.read() as session:
             return int(session.scalar(query) or 0)
 
     def children(self, parent: int) -> list[Task]:
         """The tasks `parent` made (a pipeline's steps), in the order they were made."""
-        from broker.store.repository import _task
-
         query = select(TaskRow).where(TaskRow.parent_id == parent).order_by(TaskRow.id)
-        with self._sessions() as session:
-            return [_task(row, with_diff=False) for row in session.scalars(query)]
+        with self.read() as session:
+            return [task_of(row, with_diff=False) for row in session.scalars(query)]
 
     def cached(self, owner: str, key: str) -> Task | None:
         """The newest completed task of `owner` with this cache key (same code and inputs)."""
-        from broker.store.repository import _task
-
         query = (
             select(TaskRow)
             .where(
@@ -63,15 +56,15 @@ class RecordMethods:
             .order_by(TaskRow.id.desc())
             .limit(1)
         )
-        with self._sessions() as session:
+        with self.read() as session:
             row = session.scalar(query)
-            return _task(row, with_diff=False) if row is not None else None
+            return task_of(row, with_diff=False) if row is not None else None
 
     def merge_parameters(
         self, task_id: int, values: dict[str, Any], overwrite: bool
     ) -> dict[str, Any]:
         """Add `values` to the task's parameters (replacing stored ones only if `overwrite`)."""
-        with self._tx() as session:
+        with self.write() as session:
             row = _row(session, task_id)
             stored = json.loads(row.parameters or "{}")
             merged = {**stored, **values} if overwrite else {**values, **stored}
@@ -83,7 +76,7 @@ class RecordMethods:
 
     def add_artifact(self, task_id: int, **fields: Any) -> dict[str, Any]:
         """Record (or replace) the task's artifact `fields['name']`."""
-        with self._tx() as session:
+        with self.write() as session:
             _row(session, task_id)
             query = select(ArtifactRow).where(
                 ArtifactRow.task_id == task_id, ArtifactRow.name == fields["name"]
@@ -94,18 +87,18 @@ class RecordMethods:
             row.created_at = time.time()
             session.add(row)
             session.flush()
-            return _artifact(row)
+            return artifact_of(row)
 
     def artifacts(self, task_id: int) -> list[dict[str, Any]]:
         query = select(ArtifactRow).where(ArtifactRow.task_id == task_id).order_by(ArtifactRow.id)
-        with self._sessions() as session:
-            return [_artifact(row) for row in session.scalars(query)]
+        with self.read() as session:
+            return [artifact_of(row) for row in session.scalars(query)]
 
     def artifact(self, task_id: int, name: str) -> dict[str, Any] | None:
         query = select(ArtifactRow).where(ArtifactRow.task_id == task_id, ArtifactRow.name == name)
-        with self._sessions() as session:
+        with self.read() as session:
             row = session.scalar(query)
-            return _artifact(row) if row is not None else None
+            return artifact_of(row) if row is not None else None
 
     def copy_artifacts(self, source: int, dest: int) -> None:
         """Give `dest` the artifacts of `source`: rows only, the content is shared by digest."""
@@ -118,7 +111,3 @@ def _row(session: Session, task_id: int) -> TaskRow:
     if row is None:
         raise NotFound(f"no task {task_id}")
     return row
-
-
-def _artifact(row: ArtifactRow) -> dict[str, Any]:
-    return {key: getattr(row, key) for key in ARTIFACT_FIELDS}

@@ -6,40 +6,31 @@ against the state machine, writes the new state, its event and the ledger togeth
 
 from __future__ import annotations
 
-import hashlib
-import json
-import secrets
 import threading
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from pathlib import Path
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, NamedTuple
 
-from sqlalchemy import Engine, create_engine, event, func, insert, select
+from sqlalchemy import func, insert, select
 from sqlalchemy.orm import Session, sessionmaker, undefer
 
-from broker.domain import (
-    Origin,
-    Task,
-    TaskSpec,
-    TaskState,
-    spec_from_dict,
-    spec_to_dict,
-    transition,
-)
+from broker.domain import Task, TaskSpec, TaskState, transition
 from broker.errors import NotFound
 from broker.store.changes import TOUCHED, Changes, track
+from broker.store.engine import WRITER, make_engine, normalise_url
+from broker.store.migrate import upgrade
 from broker.store.records import RecordMethods
-from broker.store.tables import (
-    AgentTokenRow,
-    LedgerRow,
-    ScalarRow,
-    SweepRow,
-    TaskEventRow,
-    TaskRow,
-    TokenRow,
+from broker.store.rows import (
+    event_of,
+    queued_task,
+    scalar_of,
+    set_fields,
+    skipped,
+    task_of,
+    task_values,
 )
+from broker.store.tables import LedgerRow, ScalarRow, SweepRow, TaskEventRow, TaskRow
 
 
 class Move(NamedTuple):
@@ -72,112 +63,20 @@ _STAMPS = {
 }
 
 
-def normalise_url(url: str) -> str:
-    """Accept plain `postgresql://` URLs and use the psycopg 3 driver for them."""
-    for prefix in ("postgresql://", "postgres://"):
-        if url.startswith(prefix):
-            return "postgresql+psycopg://" + url.removeprefix(prefix)
-    return url
-
-
-def default_url(home: Path) -> str:
-    return f"sqlite:///{home / 'klique.db'}"
-
-
 MOVES_AT_ONCE = 200  # move_each's transactions: the write lock is held for one at a time
-_WRITER = "klique_writer"  # an execution option: this transaction will write
-
-
-def _engine(url: str) -> Engine:
-    url = normalise_url(url)
-    if not url.startswith("sqlite"):
-        return create_engine(url, pool_pre_ping=True)
-    engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
-
-    @event.listens_for(engine, "connect")
-    def _pragmas(dbapi_connection: Any, _record: Any) -> None:
-        # pysqlite's own transaction handling would defeat BEGIN IMMEDIATE below.
-        dbapi_connection.isolation_level = None
-        cursor = dbapi_connection.cursor()
-        cursor.execute("PRAGMA journal_mode=WAL")
-        cursor.execute("PRAGMA synchronous=NORMAL")
-        cursor.execute("PRAGMA foreign_keys=ON")
-        cursor.close()
-
-    @event.listens_for(engine, "begin")
-    def _begin(conn: Any) -> None:
-        # Writers take the write lock at the start so two never deadlock on upgrade; readers
-        # read a snapshot (WAL) and wait for no one.
-        writer = conn.get_execution_options().get(_WRITER, False)
-        conn.exec_driver_sql("BEGIN IMMEDIATE" if writer else "BEGIN")
-
-    return engine
-
-
-def token_digest(token: str) -> str:
-    """What the store keeps of a token: its SHA-256 (tokens are random, so no salt is needed)."""
-    return hashlib.sha256(token.encode()).hexdigest()
-
-
-# The tables of tokens: Klique's (users, service users, admins) and the agents'.
-TokenTable = TypeVar("TokenTable", TokenRow, AgentTokenRow)
-Kept = TypeVar("Kept")
-
-# How often a token's last use is written: a write per use would queue every reader.
-TOKEN_TOUCH_EVERY_S = 60.0
-
-
-def add_token_row(
-    store: Store,
-    table: type[TokenTable],
-    kept: Callable[[TokenTable], Kept],
-    id_prefix: str = "",
-    **fields: Any,
-) -> tuple[str, Kept]:
-    """A new random token (256 bits), its row in `table` made with `fields`, and what is kept
-    of it. Its id is `id_prefix` and the digest's start."""
-    token = secrets.token_urlsafe(32)
-    digest = token_digest(token)
-    row = table(
-        digest=digest,
-        id=id_prefix + digest[:16],
-        revoked=False,
-        created_at=time.time(),
-        **fields,
-    )
-    with store._tx() as session:
-        session.add(row)
-        session.flush()
-        return token, kept(row)
-
-
-def find_token_row(
-    store: Store, table: type[TokenTable], token: str, kept: Callable[[TokenTable], Kept]
-) -> Kept | None:
-    """What is kept of `token` in `table`, revoked and expired ones too (the caller says which);
-    its use is noted at most once a minute."""
-    digest = token_digest(token)
-    with store._sessions() as session:
-        row = session.get(table, digest)
-        if row is None:
-            return None
-        found, last_used_at = kept(row), row.last_used_at
-    now = time.time()
-    if last_used_at is None or now - last_used_at > TOKEN_TOUCH_EVERY_S:
-        with store._tx() as session:
-            row = session.get(table, digest)
-            if row is not None:
-                row.last_used_at = now
-    return found
 
 
 class Store(RecordMethods):
+    """The tasks, their events, the ledger and scalars; the other parts of the store (records,
+    identity, apps, the web UI's queries) read and write through `read` and `write`."""
+
     def __init__(self, url: str) -> None:
         self.url = normalise_url(url)
-        self.engine = _engine(self.url)
-        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+        self.engine = make_engine(self.url)
+        # `with store.read() as session`: a session that only reads (a snapshot, under WAL)
+        self.read = sessionmaker(self.engine, expire_on_commit=False)
         self._writes = sessionmaker(
-            self.engine.execution_options(**{_WRITER: True}), expire_on_commit=False
+            self.engine.execution_options(**{WRITER: True}), expire_on_commit=False
         )
         # SQLite has one writer at a time, and a writer that finds the lock taken sleeps in
         # steps of up to 100 ms. Writers of this process queue here instead and go on the
@@ -191,8 +90,6 @@ class Store(RecordMethods):
     @classmethod
     def open(cls, url: str) -> Store:
         """Open the store and bring its schema up to date."""
-        from broker.store.migrate import upgrade
-
         store = cls(url)
         upgrade(store.engine)
         return store
@@ -201,7 +98,8 @@ class Store(RecordMethods):
         self.engine.dispose()
 
     @contextmanager
-    def _tx(self) -> Iterator[Session]:
+    def write(self) -> Iterator[Session]:
+        """A transaction that writes: committed at the end of the block, rolled back on error."""
         with self._writer:
             with self._writes.begin() as session:
                 yield session
@@ -224,13 +122,13 @@ class Store(RecordMethods):
         packages, inputs, cache key) and, for a task that runs locally, its pool."""
         transition(TaskState.CREATED, state)
         now = time.time()
-        row = TaskRow(**_row_values(spec, owner, team, gpus, state, reason, record or {}, now))
-        with self._tx() as session:
+        row = TaskRow(**task_values(spec, owner, team, gpus, state, reason, record or {}, now))
+        with self.write() as session:
             session.add(row)
             session.flush()
             self._meter(session, row, TaskState.CREATED, state, now, charged=True)
             session.add(_created_event(row, now))
-            return _task(row)
+            return task_of(row)
 
     def create_queued(
         self,
@@ -245,10 +143,10 @@ class Store(RecordMethods):
         now = time.time()
         queued = TaskState.QUEUED
         values = [
-            _row_values(spec, owner, team, gpus, queued, "", record, now)
+            task_values(spec, owner, team, gpus, queued, "", record, now)
             for spec, gpus, record in items
         ]
-        with self._tx() as session:
+        with self.write() as session:
             sweep_id = None
             if sweep is not None:
                 size = len(values)
@@ -260,7 +158,7 @@ class Store(RecordMethods):
                     value["sweep_id"] = sweep_id
             ids = _insert_queued(session, values, now)
         return sweep_id, [
-            _queued_task(task_id, spec, owner, team, gpus, record, value, sweep_id)
+            queued_task(task_id, spec, owner, team, gpus, record, value, sweep_id)
             for task_id, (spec, gpus, record), value in zip(ids, items, values, strict=True)
         ]
 
@@ -272,13 +170,13 @@ class Store(RecordMethods):
         now = time.time()
         queued = TaskState.QUEUED
         values = [
-            _row_values(spec, owner, team, gpus, queued, "", {}, now)
+            task_values(spec, owner, team, gpus, queued, "", {}, now)
             for spec, gpus, owner, team in items
         ]
-        with self._tx() as session:
+        with self.write() as session:
             ids = _insert_queued(session, values, now)
         return [
-            _queued_task(task_id, spec, owner, team, gpus, {}, value, None)
+            queued_task(task_id, spec, owner, team, gpus, {}, value, None)
             for task_id, (spec, gpus, owner, team), value in zip(ids, items, values, strict=True)
         ]
 
@@ -297,18 +195,18 @@ class Store(RecordMethods):
         query = select(*columns).where(TaskRow.state == TaskState.QUEUED.value)
         chunks = [None] if ids is None else _chunks(sorted(ids), 1000)
         found: list[QueuedRow] = []
-        with self._sessions() as session:
+        with self.read() as session:
             for chunk in chunks:
                 where = query if chunk is None else query.where(TaskRow.id.in_(chunk))
                 found.extend(
-                    QueuedRow(i, o, t, r, q, _skipped(skip), a)
+                    QueuedRow(i, o, t, r, q, skipped(skip), a)
                     for i, o, t, r, q, skip, a in session.execute(where)
                 )
         return found
 
     def sweep(self, sweep_id: int) -> dict[str, Any]:
         """A sweep's owner, team, name, size, and how many of its tasks are in each state."""
-        with self._sessions() as session:
+        with self.read() as session:
             row = session.get(SweepRow, sweep_id)
             if row is None:
                 raise NotFound(f"no sweep {sweep_id}")
@@ -325,11 +223,11 @@ class Store(RecordMethods):
             }
 
     def get(self, task_id: int) -> Task:
-        with self._sessions() as session:
+        with self.read() as session:
             row = session.get(TaskRow, task_id)
             if row is None:
                 raise NotFound(f"no task {task_id}; `klique ls` lists your tasks")
-            return _task(row)
+            return task_of(row)
 
     def tasks(
         self,
@@ -367,8 +265,8 @@ class Store(RecordMethods):
             query = query.limit(limit)
         if with_diff:
             query = query.options(undefer(TaskRow.diff))
-        with self._sessions() as session:
-            return [_task(row, with_diff) for row in session.scalars(query)]
+        with self.read() as session:
+            return [task_of(row, with_diff) for row in session.scalars(query)]
 
     def change_state(
         self,
@@ -387,7 +285,7 @@ class Store(RecordMethods):
         `charged` False: a running task's ledger run is paused (nodes booting, suspended).
         """
         now = time.time()
-        with self._tx() as session:
+        with self.write() as session:
             row = session.get(TaskRow, task_id, with_for_update=True)
             if row is None:
                 raise NotFound(f"no task {task_id}")
@@ -406,7 +304,7 @@ class Store(RecordMethods):
         `only_from` and changed."""
         now = time.time()
         changed: list[Task] = []
-        with self._tx() as session:
+        with self.write() as session:
             query = select(TaskRow).where(TaskRow.id.in_(list(task_ids))).with_for_update()
             rows = list(session.scalars(query))
             runs = _open_runs(session, [row.id for row in rows])
@@ -426,7 +324,7 @@ class Store(RecordMethods):
         changed: list[Task | None] = []
         for start in range(0, len(moves), MOVES_AT_ONCE):
             chunk = moves[start : start + MOVES_AT_ONCE]
-            with self._tx() as session:
+            with self.write() as session:
                 query = select(TaskRow).where(TaskRow.id.in_([m.task_id for m in chunk]))
                 query = query.order_by(TaskRow.id).with_for_update()  # locked in one order
                 rows = {row.id: row for row in session.scalars(query)}
@@ -462,7 +360,7 @@ class Store(RecordMethods):
         if only_from is not None and old not in only_from:
             return None
         transition(old, new)
-        _set_fields(row, fields)
+        set_fields(row, fields)
         if reason is not None:
             row.reason = reason
         elif old != new:
@@ -489,20 +387,20 @@ class Store(RecordMethods):
             )
         self._meter(session, row, old, new, now, charged, open_runs)
         row.updated_at = now
-        return _task(row)
+        return task_of(row)
 
     def report_digest(self, task_id: int) -> str | None:
         """The digest of the task's current report token; None for an unknown task."""
-        with self._sessions() as session:
+        with self.read() as session:
             return session.scalar(select(TaskRow.report_digest).where(TaskRow.id == task_id))
 
     def reported(self, task_id: int, valid: Callable[[str], bool]) -> Task | None:
         """The task a runner's report speaks for, in one read, where `valid` accepts its report
         token's digest ("" for an unknown task); else None, and no more work."""
-        with self._sessions() as session:
+        with self.read() as session:
             row = session.get(TaskRow, task_id)
             accepted = valid("" if row is None else row.report_digest or "")
-            return _task(row) if accepted and row is not None else None
+            return task_of(row) if accepted and row is not None else None
 
     def update(self, task_id: int, **fields: Any) -> Task:
         """Set fields other than the state (native id, job dir, reason)."""
@@ -519,29 +417,21 @@ class Store(RecordMethods):
         now = time.time()
         states = None if only_in is None else {s.value for s in only_in}
         changed: list[Task] = []
-        with self._tx() as session:
+        with self.write() as session:
             query = select(TaskRow).where(TaskRow.id.in_(list(fields))).with_for_update()
             for row in session.scalars(query):
                 if states is None or row.state in states:
-                    _set_fields(row, fields[row.id])
+                    set_fields(row, fields[row.id])
                     row.updated_at = now
-                    changed.append(_task(row))
+                    changed.append(task_of(row))
         return changed
 
     def events(self, task_id: int) -> list[dict[str, Any]]:
         query = (
             select(TaskEventRow).where(TaskEventRow.task_id == task_id).order_by(TaskEventRow.id)
         )
-        with self._sessions() as session:
-            return [
-                {"time": e.time, "from": e.old_state, "to": e.new_state, "reason": e.reason}
-                for e in session.scalars(query)
-            ]
-
-    def counts(self) -> dict[str, int]:
-        with self._sessions() as session:
-            rows = session.execute(select(TaskRow.state, func.count()).group_by(TaskRow.state))
-            return {state: n for state, n in rows.tuples()}
+        with self.read() as session:
+            return [event_of(row) for row in session.scalars(query)]
 
     # Metering
 
@@ -588,13 +478,13 @@ class Store(RecordMethods):
         query = select(LedgerRow).order_by(LedgerRow.start)
         if since is not None:
             query = query.where((LedgerRow.end.is_(None)) | (LedgerRow.end >= since))
-        with self._sessions() as session:
+        with self.read() as session:
             return list(session.scalars(query))
 
     # Scalars
 
     def add_scalars(self, task_id: int, scalars: Iterable[dict[str, Any]]) -> None:
-        with self._tx() as session:
+        with self.write() as session:
             for s in scalars:
                 session.add(
                     ScalarRow(
@@ -608,89 +498,8 @@ class Store(RecordMethods):
 
     def scalars(self, task_id: int) -> list[dict[str, Any]]:
         query = select(ScalarRow).where(ScalarRow.task_id == task_id).order_by(ScalarRow.id)
-        with self._sessions() as session:
-            return [
-                {"name": s.name, "value": s.value, "step": s.step, "time": s.time}
-                for s in session.scalars(query)
-            ]
-
-    # Tokens
-
-    def add_token(self, user: str, *, admin: bool = False) -> str:
-        """A token for a user (or an admin); broker/store/identity.py has the other kinds."""
-        from broker.store.identity import IdentityStore
-
-        scopes = ("admin", "read", "submit") if admin else ("read", "submit")
-        kind = "admin" if admin else "user"
-        return IdentityStore(self).add_token(user, kind=kind, scopes=scopes)[0]
-
-    def user_for_token(self, token: str) -> tuple[str, bool] | None:
-        """(user, admin) for a token in force: not revoked, not expired."""
-        from broker.store.identity import IdentityStore
-
-        found = IdentityStore(self).token(token)
-        if found is None or found.revoked or found.expired(time.time()):
-            return None
-        return found.user, found.admin
-
-    def has_admin(self) -> bool:
-        with self._sessions() as session:
-            return bool(session.scalar(select(func.count()).where(TokenRow.admin.is_(True))))
-
-
-_JSON_LISTS = {"skip_pools", "gpu_ids"}
-_JSON_VALUES = {"parameters", "packages", "inputs"}
-
-
-def _set_fields(row: TaskRow, fields: dict[str, Any]) -> None:
-    for name, value in _field_values(fields).items():
-        setattr(row, name, value)
-
-
-def _field_values(fields: dict[str, Any]) -> dict[str, Any]:
-    """Fields as their columns hold them (lists and values as JSON)."""
-    stored = {}
-    for name, value in fields.items():
-        if name in _JSON_LISTS:
-            value = json.dumps(sorted(value))
-        elif name in _JSON_VALUES or name == "claim" and value is not None:
-            value = json.dumps(value)
-        stored[name] = value
-    return stored
-
-
-def _row_values(
-    spec: TaskSpec,
-    owner: str,
-    team: str | None,
-    gpus: float,
-    state: TaskState,
-    reason: str,
-    record: dict[str, Any],
-    now: float,
-) -> dict[str, Any]:
-    """A new task's columns."""
-    stored, diff = _spec_json(spec)
-    return {
-        "name": spec.name,
-        "owner": owner,
-        "team": team,
-        "project": spec.project,
-        "resource": spec.resource,
-        "state": state.value,
-        "reason": reason,
-        "spec": stored,
-        "diff": diff,
-        "diff_bytes": len(diff.encode()),
-        "gpus": gpus,
-        "report_digest": "",
-        "created_at": now,
-        "updated_at": now,
-        "queued_at": now if state is TaskState.QUEUED else None,
-        "started_at": now if state is TaskState.RUNNING else None,
-        "finished_at": now if state.final else None,
-        **_field_values(record),
-    }
+        with self.read() as session:
+            return [scalar_of(row) for row in session.scalars(query)]
 
 
 def _insert_queued(session: Session, values: list[dict[str, Any]], now: float) -> list[int]:
@@ -705,33 +514,6 @@ def _insert_queued(session: Session, values: list[dict[str, Any]], now: float) -
     return ids
 
 
-def _queued_task(
-    task_id: int,
-    spec: TaskSpec,
-    owner: str,
-    team: str | None,
-    gpus: float,
-    record: dict[str, Any],
-    value: dict[str, Any],
-    sweep: int | None,
-) -> Task:
-    """The task just inserted from `value` (its row's columns)."""
-    return Task(
-        id=task_id,
-        spec=spec,
-        owner=owner,
-        team=team,
-        state=TaskState.QUEUED,
-        gpus=gpus,
-        diff_bytes=value["diff_bytes"],
-        parameters=record.get("parameters") or {},
-        parent=record.get("parent_id"),
-        sweep=sweep,
-        created_at=value["created_at"],
-        queued_at=value["created_at"],
-    )
-
-
 def _created_event(row: TaskRow, now: float) -> TaskEventRow:
     return TaskEventRow(
         task_id=row.id,
@@ -742,23 +524,8 @@ def _created_event(row: TaskRow, now: float) -> TaskEventRow:
     )
 
 
-_NONE_SKIPPED: frozenset[str] = frozenset()
-
-
-def _skipped(stored: str | None) -> frozenset[str]:
-    """skip_pools as stored: almost always none, which needs no parsing."""
-    return _NONE_SKIPPED if stored in (None, "", "[]") else frozenset(json.loads(stored))
-
-
 def _chunks(items: list[int], size: int) -> list[list[int]]:
     return [items[i : i + size] for i in range(0, len(items), size)]
-
-
-def _spec_json(spec: TaskSpec) -> tuple[str, str]:
-    """The spec as stored (JSON without the diff), and the diff."""
-    data = spec_to_dict(spec)
-    diff = data["code"].pop("diff", "") if data.get("code") else ""
-    return json.dumps(data), diff
 
 
 def _open_runs(session: Session, task_ids: Sequence[int]) -> dict[int, list[LedgerRow]]:
@@ -769,42 +536,3 @@ def _open_runs(session: Session, task_ids: Sequence[int]) -> dict[int, list[Ledg
         for run in session.scalars(query):
             found.setdefault(run.task_id, []).append(run)
     return found
-
-
-def _task(row: TaskRow, with_diff: bool = True) -> Task:
-    data = json.loads(row.spec)
-    if with_diff and data.get("code") is not None:
-        data["code"]["diff"] = row.diff
-    return Task(
-        id=row.id,
-        spec=spec_from_dict(data),
-        owner=row.owner,
-        team=row.team,
-        state=TaskState(row.state),
-        reason=row.reason,
-        pool=row.pool,
-        native_id=row.native_id,
-        job_dir=row.job_dir,
-        exit_code=row.exit_code,
-        borrowed=row.borrowed,
-        gpus=row.gpus,
-        skip_pools=frozenset(json.loads(row.skip_pools or "[]")),
-        attempts=row.attempts,
-        gpu_ids=tuple(json.loads(row.gpu_ids or "[]")),
-        preempted=row.preempted,
-        diff_bytes=row.diff_bytes,
-        claim=json.loads(row.claim) if row.claim else None,
-        origin=Origin(row.origin or "pool"),
-        parent=row.parent_id,
-        parameters=json.loads(row.parameters or "{}"),
-        packages=tuple(json.loads(row.packages or "[]")),
-        inputs=tuple((int(i[0]), str(i[1])) for i in json.loads(row.inputs or "[]")),
-        cache_key=row.cache_key,
-        intent=row.intent,
-        sweep=row.sweep_id,
-        created_at=row.created_at,
-        queued_at=row.queued_at,
-        submitted_at=row.submitted_at,
-        started_at=row.started_at,
-        finished_at=row.finished_at,
-    )

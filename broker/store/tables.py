@@ -189,3 +189,26 @@ class ArtifactRow(Base):
     digest: Mapped[str] = mapped_column(String(64), index=True)  # SHA-256 of the content
     size: Mapped[int] = mapped_column(BigInteger)
     created_at: Mapped[float] = mapped_column(Float)
+
+
+class AppLockRow(Base):
+    """An admin's lock on a catalogue app."""
+
+    __tablename__ = "app_locks"
+
+    app: Mapped[str] = mapped_column(String(64), primary_key=True)
+    reason: Mapped[str] = mapped_column(Text)
+    locked_by: Mapped[str] = mapped_column(String(64))
+    locked_at: Mapped[float] = mapped_column(Float)
+
+
+class RouteRow(Base):
+    """A static route made through the API (the estate's own routes live in the estate)."""
+
+    __tablename__ = "routes"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    teams: Mapped[str] = mapped_column(Text)  # JSON list
+    apps: Mapped[str] = mapped_column(Text)  # JSON list
+    created_by: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[float] = mapped_column(Float)

@@ -11,7 +11,8 @@ from typing import Any
 from sqlalchemy import Select, func, select
 
 from broker.domain import Task, TaskState
-from broker.store.repository import Store, _task
+from broker.store.repository import Store
+from broker.store.rows import task_of
 from broker.store.tables import ScalarRow, TaskRow
 
 # A search looks through at most this many of the newest tasks (under the other filters) per
@@ -69,7 +70,7 @@ def task_page(store: Store, where: TaskFilter, before: int | None, limit: int) -
     (a search reads at most SEARCH_WINDOW ids)."""
     query = _filtered(select(TaskRow), where, before).order_by(TaskRow.id.desc())
     searched_to = None
-    with store._sessions() as session:
+    with store.read() as session:
         if where.search:
             window = (
                 _filtered(select(TaskRow.id), where, before)
@@ -86,7 +87,7 @@ def task_page(store: Store, where: TaskFilter, before: int | None, limit: int) -
             count, lowest = session.execute(select(func.count(), func.min(window.c.id))).one()
             searched_to = lowest if count == SEARCH_WINDOW else None
         rows = list(session.scalars(query.limit(limit + 1)))
-    tasks = [_task(row, with_diff=False) for row in rows[:limit]]
+    tasks = [task_of(row, with_diff=False) for row in rows[:limit]]
     if len(rows) > limit:
         return TaskPage(tasks, tasks[-1].id, None)
     return TaskPage(tasks, searched_to, searched_to)
@@ -100,8 +101,8 @@ def changed_since(
     if owner is not None:
         query = query.where(TaskRow.owner == owner)
     query = query.order_by(TaskRow.updated_at).limit(limit)
-    with store._sessions() as session:
-        return [(_task(row, with_diff=False), row.updated_at) for row in session.scalars(query)]
+    with store.read() as session:
+        return [(task_of(row, with_diff=False), row.updated_at) for row in session.scalars(query)]
 
 
 def tasks_by_id(store: Store, ids: Iterable[int], owner: str | None) -> list[Task]:
@@ -109,12 +110,12 @@ def tasks_by_id(store: Store, ids: Iterable[int], owner: str | None) -> list[Tas
     query = select(TaskRow).where(TaskRow.id.in_(list(ids)))
     if owner is not None:
         query = query.where(TaskRow.owner == owner)
-    with store._sessions() as session:
-        return [_task(row, with_diff=False) for row in session.scalars(query)]
+    with store.read() as session:
+        return [task_of(row, with_diff=False) for row in session.scalars(query)]
 
 
 def updated_at(store: Store, task_id: int) -> float | None:
-    with store._sessions() as session:
+    with store.read() as session:
         return session.scalar(select(TaskRow.updated_at).where(TaskRow.id == task_id))
 
 
@@ -123,13 +124,13 @@ def projects(store: Store, owner: str | None, limit: int = 500) -> list[str]:
     query = select(TaskRow.project).distinct()
     if owner is not None:
         query = query.where(TaskRow.owner == owner)
-    with store._sessions() as session:
+    with store.read() as session:
         return sorted(session.scalars(query.order_by(TaskRow.project).limit(limit)))
 
 
 def owners(store: Store, limit: int = 500) -> list[str]:
     query = select(TaskRow.owner).distinct().order_by(TaskRow.owner).limit(limit)
-    with store._sessions() as session:
+    with store.read() as session:
         return list(session.scalars(query))
 
 
@@ -140,7 +141,7 @@ def scalars_after(store: Store, task_ids: Iterable[int], after: int = 0) -> list
         .where(ScalarRow.task_id.in_(list(task_ids)), ScalarRow.id > after)
         .order_by(ScalarRow.id)
     )
-    with store._sessions() as session:
+    with store.read() as session:
         return [
             {"id": s.id, "task": s.task_id, "name": s.name, "step": s.step, "value": s.value}
             for s in session.scalars(query)
@@ -158,5 +159,5 @@ def tally(
         .where(TaskRow.state.in_([s.value for s in states]))
         .group_by(*columns)
     )
-    with store._sessions() as session:
+    with store.read() as session:
         return [(tuple(row[:-2]), int(row[-2]), float(row[-1])) for row in session.execute(query)]

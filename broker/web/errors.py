@@ -7,7 +7,6 @@ the static files keep their own answers, so `klique` and scripts read JSON as be
 
 from __future__ import annotations
 
-import inspect
 import logging
 import time
 from typing import Any
@@ -18,6 +17,7 @@ from fastapi.responses import HTMLResponse, PlainTextResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from broker.errors import KliqueError
+from broker.http.errors import error_answer, status_of
 from broker.web.render import page
 
 log = logging.getLogger(__name__)
@@ -81,7 +81,6 @@ def error_page(request: Request, status: int, message: str) -> HTMLResponse:
 def install_error_pages(app: FastAPI, web: Any) -> None:
     """Answer the UI's errors with pages; the API's handlers answer everything else."""
     app.state.web = web
-    api_answer = app.exception_handlers[KliqueError]  # the API's JSON (broker/api/app.py)
 
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
         if exc.status_code < 400 or exc.status_code == 401 or not wants_page(request):
@@ -92,12 +91,9 @@ def install_error_pages(app: FastAPI, web: Any) -> None:
         return error_page(request, exc.status_code, detail)
 
     async def klique_error(request: Request, exc: KliqueError) -> Response:
-        answer = api_answer(request, exc)
-        if inspect.isawaitable(answer):
-            answer = await answer
         if not wants_page(request):
-            return answer
-        return error_page(request, answer.status_code, str(exc))
+            return error_answer(exc)  # the API's JSON, as every adapter answers it
+        return error_page(request, status_of(exc), str(exc))
 
     async def fault(request: Request, exc: Exception) -> Response:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())

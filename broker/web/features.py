@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 from fastapi import FastAPI
 
-from broker.api.app import API
-from broker.api.schemas import TaskOut
+from broker.http.paths import API
+from broker.tasks.schemas import TaskOut
 
 ARTIFACT = f"{API}/tasks/{{task_id}}/artifacts/{{name}}"
 CLONE = f"{API}/sdk/tasks/{{task_id}}/clone"

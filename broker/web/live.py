@@ -20,10 +20,12 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 from markupsafe import escape
 
-from broker.api.app import TaskId, _read_console, _task_out, why_out
 from broker.domain import Task, TaskState
 from broker.errors import NotFound
+from broker.http.paths import TaskId
 from broker.store import web as web_store
+from broker.tasks.console import read_console
+from broker.tasks.views import task_out, why_out
 from broker.web.pages_estate import resources_context
 from broker.web.pages_tasks import task_filter
 from broker.web.render import fragment
@@ -83,10 +85,10 @@ class TaskListStream:
         self.stamps: dict[int, float] = {}
         self.overlap = OVERLAP_S
         # The reasons as the page drew them: a row is sent again only when its reason changes.
-        self.reasons = {t.id: _task_out(t, web.scheduler).reason for t in self.shown.values()}
+        self.reasons = {t.id: task_out(t, web.scheduler).reason for t in self.shown.values()}
 
     def row(self, task: Task) -> str:
-        out = _task_out(task, self.web.scheduler)
+        out = task_out(task, self.web.scheduler)
         self.reasons[task.id] = out.reason
         return fragment("_task_row.html", t=out, who=self.who)
 
@@ -110,7 +112,7 @@ class TaskListStream:
         self.stamps = {i: s for i, s in self.stamps.items() if s > self.since - OVERLAP_S}
         for task in self.shown.values():
             if task.state is TaskState.QUEUED:
-                reason = _task_out(task, self.web.scheduler).reason
+                reason = task_out(task, self.web.scheduler).reason
                 if reason != self.reasons.get(task.id):
                     events.append(event(f"task-{task.id}", self.row(task), self.cursor()))
         return events
@@ -165,7 +167,7 @@ class TaskStream:
         if stamp != self.stamp:
             self.stamp = stamp
             self.task = self.web.store.get(self.task.id)
-            out = _task_out(self.task, self.web.scheduler, detail=True)
+            out = task_out(self.task, self.web.scheduler, detail=True)
             summary = fragment("_task_summary.html", task=out, **self.context)
             events.append(event("summary", summary, self.cursor()))
             events.append(
@@ -184,7 +186,7 @@ class TaskStream:
 
     async def console(self) -> list[str]:
         final = self.task.state.final
-        data = await _read_console(self.task, self.web.scheduler, self.offset)
+        data = await read_console(self.web.scheduler, self.task, self.offset)
         text, used = decode_prefix(data, final and len(data) < (1 << 20))
         self.offset += used
         if final and not data:

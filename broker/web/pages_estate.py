@@ -16,12 +16,14 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from starlette.datastructures import UploadFile
 
 from broker import authz
-from broker.api.app import simulation_out, usage_out
-from broker.api.schemas import PoolOut, ResourceOut, SimulateRequest
+from broker.control.loop import Scheduler
 from broker.domain import TaskState
 from broker.errors import EstateError, KliqueError, NotPermitted
-from broker.scheduler.loop import HOLDING, Scheduler
+from broker.execution import HOLDING
+from broker.preview import render_preview, sample_task
 from broker.store import web as web_store
+from broker.tasks.overview import simulation_out, usage_out
+from broker.tasks.schemas import PoolOut, ResourceOut, SimulateRequest
 from broker.usage import USAGE_KEYS, UsageKey, parse_since
 from broker.web import forms
 from broker.web.features import APP_LAUNCH, APP_STOP, APPS, APPS_RUNNING
@@ -162,7 +164,7 @@ def add_routes(router: APIRouter, web: Web) -> None:
     def usage(request: Request) -> HTMLResponse:
         who = web.viewer(request)
         by, since_text, since, error = _usage_query(request)
-        out = usage_out(scheduler, who.caller, by, since)
+        out = usage_out(scheduler.store, who.caller, by, since)
         return web.page(
             request,
             who,
@@ -180,7 +182,7 @@ def add_routes(router: APIRouter, web: Web) -> None:
     def usage_csv(request: Request) -> Response:
         who = web.viewer(request)
         by, _, since, _ = _usage_query(request)
-        out = usage_out(scheduler, who.caller, by, since)
+        out = usage_out(scheduler.store, who.caller, by, since)
         buffer = io.StringIO()
         writer = csv.writer(buffer)
         writer.writerow([by, "runs", "ongoing", "gpu_hours", "gpu_seconds", "wall_seconds"])
@@ -214,7 +216,7 @@ def add_routes(router: APIRouter, web: Web) -> None:
         try:
             text, source = await _estate_text(form)
             body = SimulateRequest(estate=text or " ", source=source, include_trace=False)
-            result = simulation_out(scheduler, body, who.caller)
+            result = simulation_out(scheduler.store, scheduler.snapshots(), body, who.caller)
         except EstateError as exc:
             error = "\n".join(exc.problems)
         except KliqueError as exc:
@@ -242,8 +244,6 @@ def add_routes(router: APIRouter, web: Web) -> None:
             return web.error(
                 request, who, 403, "the template preview is for the platform team (an admin)"
             )
-        from broker.preview import render_preview, sample_task
-
         estate = scheduler.estate
         resource = request.query_params.get("resource") or ""
         pool = request.query_params.get("pool") or None

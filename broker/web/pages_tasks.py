@@ -11,13 +11,15 @@ import httpx
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
-from broker.api.app import TaskId, _read_console, _task_out, why_out
-from broker.api.schemas import TaskOut
-from broker.api.sdk import cancel_steps
 from broker.authz import Action, owner_filter
 from broker.domain import Task, TaskState
 from broker.errors import NotFound
+from broker.http.paths import TaskId
 from broker.store import web as web_store
+from broker.tasks.console import read_console
+from broker.tasks.schemas import TaskOut
+from broker.tasks.service import cancel_task
+from broker.tasks.views import task_out, why_out
 from broker.web.features import CLONE
 from broker.web.render import HEADERS
 from broker.web.ui import Viewer, Web, safe_next
@@ -64,7 +66,7 @@ def list_context(web: Web, request: Request, who: Viewer) -> dict[str, Any]:
     before = _before(request)
     since = time.time()  # before the read: the live stream sends what changes from here
     found = web_store.task_page(web.store, where, before, PAGE)
-    rows = [_task_out(t, web.scheduler) for t in found.tasks]
+    rows = [task_out(t, web.scheduler) for t in found.tasks]
     query: list[tuple[str, str | int | float | bool | None]] = [
         (k, v) for k, v in request.query_params.multi_items() if k != "before"
     ]
@@ -103,7 +105,7 @@ def _diff_lines(diff: str) -> tuple[list[tuple[str, str]], int]:
 
 
 async def console_text(web: Web, task: Task) -> tuple[str, int]:
-    data = await _read_console(task, web.scheduler, 0)
+    data = await read_console(web.scheduler, task, 0)
     text, used = decode_prefix(data, task.state.final)
     return text, used
 
@@ -163,7 +165,7 @@ def add_routes(router: APIRouter, web: Web) -> None:
             found = web.task(who, task_id)
         except NotFound as exc:
             return web.error(request, who, 404, str(exc))
-        out = _task_out(found, scheduler, detail=True)
+        out = task_out(found, scheduler, detail=True)
         out.scalars = web_store.scalars_after(web.store, [found.id])  # with ids: the cursor
         console, offset = await console_text(web, found)
         diff, diff_total = _diff_lines(found.spec.code.diff if found.spec.code else "")
@@ -189,9 +191,7 @@ def add_routes(router: APIRouter, web: Web) -> None:
             found = web.task(who, task_id, Action.CANCEL)
         except NotFound as exc:
             return web.error(request, who, 404, str(exc))
-        if not found.state.final:
-            await scheduler.cancel(found)
-            await cancel_steps(scheduler, found.id)  # as the API does: a pipeline's steps too
+        await cancel_task(scheduler, found)  # as the API does: a pipeline's steps too
         back = safe_next(str(form.get("back") or f"/tasks/{task_id}"))
         return RedirectResponse(back, status_code=303, headers=HEADERS)
 
@@ -206,9 +206,7 @@ def add_routes(router: APIRouter, web: Web) -> None:
             except NotFound:
                 missing.append(str(task_id))
                 continue
-            if not found.state.final:
-                await scheduler.cancel(found)
-                await cancel_steps(scheduler, found.id)
+            await cancel_task(scheduler, found)
         if missing:
             return web.error(
                 request, who, 404, f"no task {', '.join(missing)} of yours; nothing done to them"
@@ -227,7 +225,7 @@ def add_routes(router: APIRouter, web: Web) -> None:
             except NotFound as exc:
                 problems.append(str(exc))
                 continue
-            outs.append(_task_out(found, scheduler, detail=True))
+            outs.append(task_out(found, scheduler, detail=True))
         return web.page(
             request,
             who,
@@ -243,7 +241,7 @@ def add_routes(router: APIRouter, web: Web) -> None:
     def clone_form(request: Request, task_id: TaskId) -> HTMLResponse:
         who = web.viewer(request)
         try:
-            out = _task_out(web.task(who, task_id), scheduler)
+            out = task_out(web.task(who, task_id), scheduler)
         except NotFound as exc:
             return web.error(request, who, 404, str(exc))
         if not web.features(request).clone:
@@ -254,7 +252,7 @@ def add_routes(router: APIRouter, web: Web) -> None:
     async def clone(request: Request, task_id: TaskId) -> Response:
         who, form = await web.posted(request)
         try:
-            out = _task_out(web.task(who, task_id, Action.CLONE), scheduler)
+            out = task_out(web.task(who, task_id, Action.CLONE), scheduler)
         except NotFound as exc:
             return web.error(request, who, 404, str(exc))
         if not web.features(request).clone:

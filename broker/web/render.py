@@ -11,7 +11,7 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 
 # Scripts and styles come only from this server: no inline script, no inline style, no eval.
 # 'self' is the UI's own origin, which serves no app: routes live on an origin of their own
-# (broker/routes/origin.py), so nothing an app serves is a script, style, frame or connection
+# (broker/route_proxy/origin.py), so nothing an app serves is a script, style, frame or connection
 # this policy admits.
 CSP = (
     "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "

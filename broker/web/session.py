@@ -9,7 +9,7 @@ Secure over TLS). Every state-changing request made with the session must send t
 CSRF token back: the `X-Klique-CSRF` header (the API, htmx), or the `csrf` form field of the UI's
 plain forms. The token is carried in the page only (base.html's hx-headers, the forms' hidden
 field), never in a cookie: the server makes it from the session's cookie (`session_csrf`) and
-checks it against the digest it keeps. Routes are on another origin (broker/routes/origin.py),
+checks it against the digest it keeps. Routes are on another origin (broker/route_proxy/origin.py),
 and no script there or here can read the session's cookie, so none can learn the token.
 
 The sign-in form, before any session exists, is protected by a double-submit token (a cookie
@@ -25,16 +25,13 @@ from dataclasses import dataclass
 
 from fastapi import Request, Response
 
-from broker.api.auth import CSRF_HEADER, SESSION_COOKIE
-from broker.api.identity_web import set_session_cookies
+from broker.http.cookies import CSRF_HEADER, SESSION_COOKIE, SIGNIN_COOKIE, set_session_cookies
 from broker.identity.resolve import Caller, Identities, Refused
-from broker.store.identity import session_csrf
-from broker.store.repository import token_digest
+from broker.store.identity import session_csrf, token_digest
 
 __all__ = ["CSRF_FIELD", "CSRF_HEADER", "SESSION_COOKIE", "SignedIn", "current", "sign_in"]
 
 CSRF_FIELD = "csrf"
-SIGNIN_COOKIE = "klique_signin"
 LIFETIME_S = 12 * 3600  # without an identity section in the estate
 
 

@@ -8,7 +8,6 @@ behind any non-zero count); it raises only when the harness itself cannot go on.
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import signal
 import sqlite3
@@ -23,10 +22,11 @@ from typing import Any
 
 import httpx
 from conftest import HTTP_TLS, ROOT, Server, free_port, wait_for
+from helpers.slurm import SlurmJob, newest_job_id, slurm_jobs
 
 from broker.domain import Task, TaskSpec, TaskState
 from broker.pools.arrays import ARRAY_NAME, elements_of
-from broker.store.repository import Store, default_url
+from broker.store.repository import Store
 
 SCRIPTS = ROOT / "scripts"
 SLURM_DIR = Path(os.environ.get("KLIQUE_SLURM_DIR", "/tmp/klique-slurm"))
@@ -124,71 +124,11 @@ class Outcome:
 # Slurm's own view.
 
 
-@dataclass(frozen=True)
-class SlurmJob:
-    job_id: int  # the job's id; an array element's, its array's
-    name: str
-    state: str
-    index: int | None = None  # an array element's index
-
-    @property
-    def native_id(self) -> str:
-        return str(self.job_id) if self.index is None else f"{self.job_id}_{self.index}"
-
-
 def _run(argv: Sequence[str], timeout: float = 60) -> str:
     done = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"`{' '.join(argv)}` exited {done.returncode}: {done.stderr.strip()}")
     return done.stdout
-
-
-# A job-completion record (jobcomp/filetxt) of an array element: sacct --completion (Slurm
-# 22.05) cannot read its ArrayJobId and ArrayTaskId, so the harness reads the file itself.
-_ELEMENT_RECORD = re.compile(r"Name=(\S+) JobState=(\S+) .*\bArrayJobId=(\d+) ArrayTaskId=(\d+)")
-
-
-def _queue_and_accounting(since: float) -> list[SlurmJob]:
-    """Every job squeue still shows plus every job the jobcomp file recorded since `since`;
-    array elements each by their own ARRAY_INDEX id."""
-    found: dict[str, SlurmJob] = {}
-    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(since - 120))
-    # As a test account: root's `sacct --completion` (Slurm 22.05) opens the job-completion file
-    # to append and sets it back to 0644, after which the accounts can no longer read it.
-    sacct = ["runuser", "-u", USERS[0], "--", "sacct", "--completion", "--allusers", "--noheader"]
-    sacct.append("--parsable2")
-    for line in _run([*sacct, "--format=JobID,JobName,State", f"--starttime={stamp}"]).split("\n"):
-        parts = line.split("|")
-        if len(parts) >= 3 and parts[0].isdigit() and not ARRAY_NAME.fullmatch(parts[1]):
-            found[parts[0]] = SlurmJob(int(parts[0]), parts[1], parts[2].split()[0])
-    record = SLURM_DIR / "log" / "jobcomp.txt"
-    lines = record.read_text(errors="replace").splitlines() if record.exists() else []
-    for line in lines:  # in the order written: an element's last record is its latest
-        match = _ELEMENT_RECORD.search(line)
-        if match and ARRAY_NAME.fullmatch(match[1]):
-            job = SlurmJob(int(match[3]), match[1], match[2], int(match[4]))
-            found[job.native_id] = job
-    squeue = ["squeue", "--states=all", "--noheader", "--array", "--format=%i|%j|%T"]
-    for line in _run(squeue).split("\n"):
-        parts = line.split("|")
-        array, _, index = parts[0].partition("_")
-        if len(parts) == 3 and array.isdigit() and (not index or index.isdigit()):
-            job = SlurmJob(int(array), parts[1], parts[2], int(index) if index else None)
-            found[job.native_id] = job
-    return list(found.values())
-
-
-def max_job_id() -> int:
-    return max((job.job_id for job in _queue_and_accounting(time.time() - 86400)), default=0)
-
-
-def slurm_jobs(since_job: int, since: float) -> dict[str, list[SlurmJob]]:
-    """Jobs newer than `since_job`, by job name (Klique's tag, klique-<task id>)."""
-    by_name: dict[str, list[SlurmJob]] = {}
-    for job in _queue_and_accounting(since):
-        if job.job_id > since_job:
-            by_name.setdefault(job.name, []).append(job)
-    return by_name
 
 
 def sbatch(account: str, *options: str) -> int:
@@ -275,13 +215,18 @@ pools:
 _last_base = 0
 
 
+def server_store_url(home: Path) -> str:
+    """The store a server started with KLIQUE_HOME=home (and no KLIQUE_DB) uses."""
+    return f"sqlite:///{home / 'klique.db'}"
+
+
 def seed_task_ids(home: Path) -> int:
     """Make this home's task ids start past a base no other run on the shared cluster uses, so
     every tag (klique-<id>) names only this run's jobs; returns the first task id."""
     global _last_base
     base = max(int(time.time()) % 2_000_000 * 1000, _last_base + 1000)
     _last_base = base
-    store = Store.open(default_url(home))
+    store = Store.open(server_store_url(home))
     try:
         seed = store.create_task(
             TaskSpec(("true",), "cpu", name="chaos: where task ids start"),
@@ -332,9 +277,9 @@ class ChaosRun:
             estate_text(self.job_root, transport, lost_after, max_queued, walltime, agent)
         )
         self.first_id = seed_task_ids(self.home)
-        self.store = Store(default_url(self.home))
+        self.store = Store(server_store_url(self.home))
         self.since = time.time()
-        self.since_job = max_job_id()
+        self.since_job = newest_job_id()
         self.expected: dict[int, Expected] = {}
         self.server: Server | None = None
         self.tokens: dict[str, str] = {}
@@ -494,7 +439,7 @@ class ChaosRun:
         """This run's jobs by the tag of the task each runs: a job's name, or for an array
         element, the tag of the task whose folder its array's dispatcher names at its index."""
         found: dict[str, list[SlurmJob]] = {}
-        for name, jobs in slurm_jobs(self.since_job, self.since).items():
+        for name, jobs in slurm_jobs(since_job=self.since_job, recorded_since=self.since).items():
             for job in jobs:
                 if job.job_id not in self.foreign:
                     found.setdefault(self._tag_of(name, job), []).append(job)
@@ -1083,7 +1028,7 @@ def fresh_postgres_schema(url: str) -> tuple[str, Callable[[], None]]:
     """A new schema on the test PostgreSQL server, and how to drop it."""
     import sqlalchemy
 
-    from broker.store.repository import normalise_url
+    from broker.store.engine import normalise_url
 
     schema = f"chaos_{os.getpid()}_{time.time_ns() % 10**9}"
     engine = sqlalchemy.create_engine(normalise_url(url))

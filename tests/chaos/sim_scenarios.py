@@ -8,10 +8,10 @@ import json
 import time
 from pathlib import Path
 
-from batch_helpers import login_node, open_folder, remove_tree, search_path, shared_folder
 from chaos_scenarios import COMPLETED, FAILED_3, Outcome, Work
 from conftest import start_server, stop_server, wait_for
-from sweep_helpers import LSF_MINUTE, sweep_estate
+from helpers.batch import login_node, open_folder, remove_tree, search_path, shared_folder
+from helpers.sweep import LSF_MINUTE, sweep_estate
 
 from broker.domain import TaskSpec
 from broker.store.repository import Store

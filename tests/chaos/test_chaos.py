@@ -134,10 +134,10 @@ def test_a_crash_inside_a_state_change_leaves_the_previous_state_on_postgresql(
 def test_a_listing_older_than_the_runners_own_report_is_ignored(tmp_path: Path) -> None:
     """The status listing said PENDING; the runner reported RUNNING before the cycle wrote it:
     the stale word is dropped instead of failing the cycle (and every task in it)."""
+    from broker.control.store_link import StoreLink
     from broker.domain import TaskSpec, TaskState
     from broker.estate import parse_estate
-    from broker.pools.base import Observation
-    from broker.scheduler.link import StoreLink
+    from broker.execution import Observation
     from broker.store.repository import Store
 
     estate = parse_estate(

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from app_helpers import echo_command, wait_ready
 from conftest import HOST_ACCESS
+from helpers.app import echo_command, wait_ready
 
 ESTATE = (
     "teams:\n  vision: [alice]\n"

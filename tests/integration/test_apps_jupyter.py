@@ -13,9 +13,9 @@ import uuid
 import httpx
 import pytest
 import websockets.sync.client
-from app_helpers import RUN_ONE_PLUS_ONE, chromium, launch, stop, wait_ready
-from batch_helpers import open_folder, pool_yaml, remove_tree
 from conftest import HOST_ACCESS, wait_for
+from helpers.app import RUN_ONE_PLUS_ONE, chromium, launch, stop, wait_ready
+from helpers.batch import open_folder, pool_yaml, remove_tree
 from websockets.exceptions import InvalidStatus
 
 TEAMS = "teams:\n  vision: [alice]\n  nlp: [bob]\n"

@@ -15,23 +15,24 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from batch_helpers import (
+from conftest import Server, start_server, stop_server, submitted_id, wait_for
+from helpers.batch import (
     JOB_PYTHON,
     SSHLogin,
+    batch_pool,
     count_lines,
     login_node,
     open_folder,
-    pool_yaml,
     remove_tree,
     run_as,
     search_path,
     shared_folder,
     sshd_serving,
 )
-from conftest import Server, start_server, stop_server, submitted_id, wait_for
+from helpers.estates import estate_yaml, profile
 
 from broker.pools.lsf import LSF_ALL_STATES, parse_bjobs_json
-from broker.pools.pbs import (
+from broker.pools.pbs_parse import (
     PBS_ALL_STATES,
     TORQUE_EXEC_CODES,
     parse_qstat_json,
@@ -113,21 +114,18 @@ def estate(
     endpoint: SSHLogin | None,
     pool: Mapping[str, Any] | None = None,
 ) -> str:
-    return f"""
-teams:
-  vision: [alice]
-  nlp: [bob, mallory]
-resources:
-  cpu:
-    profile: {{cpus: 1, memory: 100M, walltime: 10m, pools: [batch]}}
-  2-gpu:
-    profile: {{gpus: 2, cpus: 1, memory: 100M, walltime: 10m, pools: [batch]}}
-  short:
-    profile: {{cpus: 1, memory: 100M, walltime: 5s, pools: [batch]}}
-  huge:
-    profile: {{gpus: 9, cpus: 1, memory: 100M, walltime: 10m, pools: [batch]}}
-pools:
-{pool_yaml(scheduler, job_root, endpoint, **(pool or {}))}"""
+    """One pool `batch` of the scheduler; a compute resource for each scenario on it."""
+    allocation = {"cpus": 1, "memory": "100M"}
+    return estate_yaml(
+        teams={"vision": ["alice"], "nlp": ["bob", "mallory"]},
+        resources={
+            "cpu": profile("batch", **allocation, walltime="10m"),
+            "2-gpu": profile("batch", gpus=2, **allocation, walltime="10m"),
+            "short": profile("batch", **allocation, walltime="5s"),
+            "huge": profile("batch", gpus=9, **allocation, walltime="10m"),
+        },
+        pools={"batch": batch_pool(scheduler, job_root, endpoint, **(pool or {}))},
+    )
 
 
 @dataclass

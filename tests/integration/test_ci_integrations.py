@@ -19,7 +19,7 @@ import pytest
 import yaml
 from conftest import ROOT, TASK_PY, TRUST_CHECKOUTS, shared_folder
 from fakes.forge_api import Forge, serve
-from identity_helpers import TEAMS_ESTATE
+from helpers.identity import TEAMS_ESTATE
 
 ACTION = ROOT / "integrations" / "github" / "action.yml"
 TEMPLATE = ROOT / "integrations" / "gitlab" / "klique.gitlab-ci.yml"

@@ -15,7 +15,9 @@ import pytest
 from click.testing import CliRunner, Result
 from conftest import HOST_ACCESS, ROOT, TASK_PY, Server, free_port, submitted_id, wait_for
 
-from broker.cli import ROOT_WITHOUT_ESTATE, main, one_line
+from broker.cli import main
+from broker.cli.platform import ROOT_WITHOUT_ESTATE
+from broker.client import one_line
 
 ESTATE = f"""
 teams:

@@ -7,7 +7,7 @@ import json
 
 import pytest
 from click.testing import CliRunner
-from identity_helpers import TEAMS_ESTATE, Directory, cli_env, ldap_estate
+from helpers.identity import TEAMS_ESTATE, Directory, cli_env, ldap_estate
 
 from broker.cli import main
 

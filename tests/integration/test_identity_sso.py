@@ -12,10 +12,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-from app_helpers import call, mcp_session
 from click.testing import CliRunner
 from conftest import wait_for
-from identity_helpers import (
+from helpers.app import call, mcp_session
+from helpers.identity import (
     TEAMS_ESTATE,
     browser_login,
     cli_env,

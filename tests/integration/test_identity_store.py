@@ -11,9 +11,10 @@ from alembic import command
 from alembic.script import ScriptDirectory
 from test_store import _fresh_schema
 
-from broker.store.identity import IdentityStore
+from broker.store.engine import normalise_url
+from broker.store.identity import IdentityStore, token_digest
 from broker.store.migrate import config
-from broker.store.repository import Store, normalise_url, token_digest
+from broker.store.repository import Store
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
@@ -33,11 +34,12 @@ def test_tokens_keep_kind_scopes_team_expiry_revocation_and_last_use(url) -> Non
     assert info.id == token_digest(token)[:16] and ids.is_service_user("ci-bot")
     seen = ids.token(token)
     assert seen is not None and ids.token(token).last_used_at is not None  # type: ignore[union-attr]
-    assert store.user_for_token(token) == ("ci-bot", False)
+    assert (seen.user, seen.admin) == ("ci-bot", False)  # in force: neither revoked nor expired
+    assert not seen.revoked and not seen.expired(time.time())
     ids.revoke(info.id)
-    assert ids.token(token).revoked and store.user_for_token(token) is None  # type: ignore[union-attr]
+    assert ids.token(token).revoked  # type: ignore[union-attr]
     gone, _ = ids.add_token("alice", expires_at=time.time() - 1)
-    assert store.user_for_token(gone) is None
+    assert ids.token(gone).expired(time.time())  # type: ignore[union-attr]
     assert token not in str([vars(t) for t in ids.tokens()])
     store.close()
 

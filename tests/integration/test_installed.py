@@ -30,4 +30,4 @@ def test_the_installed_package_renders_batch_scripts(installed_klique: Path) -> 
     )
     assert checked.returncode == 0, checked.stderr
     used = [line for line in checked.stdout.splitlines() if line.startswith("template for")]
-    assert used and "site-packages/broker/batch_templates/slurm/default.sh.j2" in used[0], used
+    assert used and "site-packages/klique_templates/slurm/default.sh.j2" in used[0], used

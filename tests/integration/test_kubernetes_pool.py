@@ -14,34 +14,31 @@ from typing import Any
 import httpx
 import pytest
 from conftest import Server, shared_folder, start_server, stop_server, wait_for
-from kube_helpers import IMAGE, NAMESPACE, Emulator
+from helpers.estates import estate_yaml, profile
+from helpers.kube import IMAGE, NAMESPACE, Emulator
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the kubelet stand-in runs pods as alice")
 
 
 def estate(url: str) -> str:
-    alice = pwd.getpwnam("alice").pw_uid
-    return f"""
-resources:
-  cpu:
-    profile: {{cpus: 1, memory: 400M, walltime: 1h, pools: [k8s]}}
-  four-gpus:
-    profile: {{gpus: 4, cpus: 1, memory: 400M, walltime: 1h, pools: [k8s]}}
-  short:
-    profile: {{cpus: 1, memory: 400M, walltime: 4s, pools: [k8s]}}
-  quarter-gpu:
-    profile: {{gpu_fraction: 0.25, cpus: 1, memory: 400M, walltime: 1h, pools: [k8s]}}
-pools:
-  k8s:
-    kind: kubernetes
-    namespace: {NAMESPACE}
-    server: {url}
-    image: {IMAGE}
-    run_as_user: {alice}
-    delete_grace: 2s
-    shared_gpu_resource: nvidia.com/gpu.shared
-    gpu_memory: 40G
-"""
+    allocation = {"cpus": 1, "memory": "400M"}
+    pool = {
+        "kind": "kubernetes",
+        "namespace": NAMESPACE,
+        "server": url,
+        "image": IMAGE,
+        "run_as_user": pwd.getpwnam("alice").pw_uid,
+        "delete_grace": "2s",
+        "shared_gpu_resource": "nvidia.com/gpu.shared",
+        "gpu_memory": "40G",
+    }
+    resources = {
+        "cpu": profile("k8s", **allocation, walltime="1h"),
+        "four-gpus": profile("k8s", gpus=4, **allocation, walltime="1h"),
+        "short": profile("k8s", **allocation, walltime="4s"),
+        "quarter-gpu": profile("k8s", gpu_fraction=0.25, **allocation, walltime="1h"),
+    }
+    return estate_yaml(resources=resources, pools={"k8s": pool})
 
 
 @pytest.fixture(scope="module")

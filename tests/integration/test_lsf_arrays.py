@@ -12,14 +12,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from batch_helpers import (
+from helpers.batch import (
     login_node,
     open_folder,
     remove_tree,
     search_path,
     shared_folder,
 )
-from sweep_helpers import (
+from helpers.sweep import (
     FINAL,
     LSF_MINUTE,
     ended_as,

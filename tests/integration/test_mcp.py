@@ -10,8 +10,8 @@ from typing import Any
 
 import httpx
 import pytest
-from app_helpers import call, echo_command, mcp_session
 from conftest import HOST_ACCESS, Server, wait_for
+from helpers.app import call, echo_command, mcp_session
 
 ESTATE = (
     "teams:\n  vision: [alice, carol]\n  nlp: [bob]\n"

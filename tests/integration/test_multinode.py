@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from batch_helpers import (
+from conftest import Server, start_server, stop_server, submitted_id, wait_for
+from helpers.batch import (
     JOB_PYTHON,
     login_node,
     open_folder,
@@ -22,7 +23,6 @@ from batch_helpers import (
     shared_folder,
     start_now,
 )
-from conftest import Server, start_server, stop_server, submitted_id, wait_for
 
 pytestmark = pytest.mark.slurm
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from batch_helpers import (
+from conftest import Server, start_server, stop_server, submitted_id
+from helpers.batch import (
     JOB_PYTHON,
     login_node,
     open_folder,
@@ -16,7 +17,6 @@ from batch_helpers import (
     search_path,
     shared_folder,
 )
-from conftest import Server, start_server, stop_server, submitted_id
 from test_multinode import ESTATE  # one compute resource `pair` of two nodes
 
 # Where each rank ran, as the scheduler's launcher said; rank 1 fails when told to.

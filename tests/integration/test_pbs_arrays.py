@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from batch_helpers import (
+from helpers.batch import (
     login_node,
     open_folder,
     remove_tree,
@@ -22,7 +22,7 @@ from batch_helpers import (
     search_path,
     shared_folder,
 )
-from sweep_helpers import (
+from helpers.sweep import (
     FINAL,
     ended_as,
     queue_sweep,
@@ -34,7 +34,8 @@ from sweep_helpers import (
 )
 
 from broker.domain import TaskState
-from broker.pools.pbs import PbsDriver, qstat_text_jobs
+from broker.pools.pbs import PbsDriver
+from broker.pools.pbs_parse import qstat_text_jobs
 
 TASKS = 30
 FAILS, CANCELLED, REQUEUED = 1, TASKS // 2, TASKS - 1  # places in the sweep

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from conftest import start_server, stop_server, wait_for
-from isolation_helpers import estate_with_a_hung_pool
+from helpers.isolation import estate_with_a_hung_pool
 
 pytestmark = [pytest.mark.slurm, pytest.mark.ssh]
 

@@ -13,8 +13,8 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from container_images import FAKES, add_python, busybox_rootfs, publish
-from runner_helpers import console, read_json
+from helpers.container_images import FAKES, add_python, busybox_rootfs, publish
+from helpers.runner import console, read_json
 
 from broker.estate import parse_estate
 from broker.preview import driver_for, sample_task

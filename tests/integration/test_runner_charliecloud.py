@@ -7,7 +7,7 @@ import shutil
 import subprocess
 
 import pytest
-from runner_helpers import REPO_ROOT, console, make_job, read_json, run_runner
+from helpers.runner import REPO_ROOT, console, make_job, read_json, run_runner
 
 _MISSING = shutil.which("ch-run") is None or shutil.which("busybox") is None
 if _MISSING and os.environ.get("KLIQUE_REQUIRE_SERVICES") == "1":
@@ -71,7 +71,7 @@ def test_a_preempted_charliecloud_task_ends_preempted(tmp_path, image):
     import signal
 
     from conftest import wait_for
-    from runner_helpers import start_runner
+    from helpers.runner import start_runner
 
     job = make_job(tmp_path, command=["/bin/sh", "-c", "echo ready; exec sleep 60"], image=image)
     runner = start_runner(job, KLIQUE_PREEMPTED="1")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from runner_helpers import (
+from helpers.runner import (
     commit_files,
     console,
     diff_of,

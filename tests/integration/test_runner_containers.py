@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from conftest import wait_for
-from container_images import (
+from helpers.container_images import (
     CONDA_ENV,
     FAKES,
     add_conda,
@@ -28,7 +28,7 @@ from container_images import (
     charliecloud_image,
     publish,
 )
-from runner_helpers import console, make_job, read_json
+from helpers.runner import console, make_job, read_json
 
 from inside_job import container, imageref, zipapp
 

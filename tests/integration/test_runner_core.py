@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from conftest import wait_for
-from runner_helpers import (
+from helpers.runner import (
     ReportSink,
     cache_of,
     console,

@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 from conftest import wait_for
-from runner_helpers import (
+from helpers.runner import (
     UV,
     cache_of,
     console,

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from conftest import wait_for
-from runner_helpers import (
+from helpers.runner import (
     ReportSink,
     console,
     make_job,

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from runner_helpers import REPO_ROOT, console, make_job, read_json, runner_env
+from helpers.runner import REPO_ROOT, console, make_job, read_json, runner_env
 
 from broker.estate import load_estate
 from broker.preview import render_preview, sample_task

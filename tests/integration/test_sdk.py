@@ -9,11 +9,11 @@ import pickle
 import uuid
 
 import pytest
-from batch_helpers import open_folder, pool_yaml, remove_tree
-from conftest import HOST_ACCESS, wait_for
-from sdk_helpers import TRUST, Checkout, estate, last_json, recorded_id
+from conftest import HOST_ACCESS_SETTINGS, wait_for
+from helpers.batch import batch_pool, open_folder, remove_tree
+from helpers.sdk import TRUST, Checkout, estate, last_json, recorded_id
 
-HOST_POOL = f"  p:\n    kind: host\n    slots: 4\n    gpus: 2\n    {HOST_ACCESS}\n"
+HOST_POOL = {"kind": "host", "slots": 4, "gpus": 2, **HOST_ACCESS_SETTINGS}
 
 
 @pytest.fixture
@@ -27,14 +27,14 @@ def checkout(monkeypatch):
 
 @pytest.fixture
 def host(server_factory):
-    server = server_factory(estate(HOST_POOL, "p"))
+    server = server_factory(estate("p", HOST_POOL))
     return server, server.make_token("alice")
 
 
 @pytest.fixture
 def slurm(server_factory, slurm_cluster):
     job_root = open_folder(slurm_cluster.work / f"sdk-{uuid.uuid4().hex[:8]}")
-    server = server_factory(estate(pool_yaml("slurm", job_root, None), "batch"))
+    server = server_factory(estate("batch", batch_pool("slurm", job_root, None)))
     yield server, server.make_token("alice")
     remove_tree(job_root)
 

@@ -17,15 +17,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from batch_helpers import (
+from conftest import ROOT, free_port, start_server, stop_server, wait_for
+from helpers.batch import (
     login_node,
     open_folder,
     remove_tree,
     search_path,
     shared_folder,
 )
-from conftest import ROOT, free_port, start_server, stop_server, wait_for
-from sweep_helpers import LSF_MINUTE, ended_as, queue_sweep, sweep_estate
+from helpers.sweep import LSF_MINUTE, ended_as, queue_sweep, sweep_estate
 
 from broker.domain import TaskState
 from broker.store.repository import Store

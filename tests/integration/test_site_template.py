@@ -10,7 +10,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from batch_helpers import (
+from conftest import ROOT, start_server, stop_server, submitted_id, wait_for
+from helpers.batch import (
     JOB_PYTHON,
     login_node,
     open_folder,
@@ -19,7 +20,6 @@ from batch_helpers import (
     search_path,
     shared_folder,
 )
-from conftest import ROOT, start_server, stop_server, submitted_id, wait_for
 
 pytestmark = pytest.mark.slurm
 

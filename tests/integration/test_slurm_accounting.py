@@ -12,8 +12,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from batch_helpers import JOB_PYTHON, open_folder, pool_yaml, remove_tree, shared_folder
 from conftest import Server, start_server, stop_server, submitted_id
+from helpers.batch import JOB_PYTHON, open_folder, pool_yaml, remove_tree, shared_folder
 
 pytestmark = pytest.mark.slurm
 

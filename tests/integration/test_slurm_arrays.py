@@ -11,17 +11,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from batch_helpers import JOB_PYTHON, start_now, sticky_job_root
-from sweep_helpers import FINAL, ended_as, queue_sweep, run_with, until
+from helpers.batch import JOB_PYTHON, start_now, sticky_job_root
+from helpers.sweep import FINAL, ended_as, queue_sweep, run_with, until
 from test_slurm_burst import ESTATE as BURST_ESTATE
 from test_slurm_burst import jobs_named, listed_jobs, seeded_store
 
+from broker.agents.factory import build_runner
+from broker.control.loop import Scheduler
 from broker.domain import TaskState
 from broker.estate import parse_estate
 from broker.pools.base import Context
 from broker.pools.slurm import SlurmDriver
-from broker.scheduler.loop import Scheduler
-from broker.server import build_runner
 from broker.store.repository import Store
 
 pytestmark = pytest.mark.slurm

@@ -12,15 +12,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from batch_helpers import JOB_PYTHON, sticky_job_root
+from helpers.batch import JOB_PYTHON, sticky_job_root
 
 from broker import fileops
+from broker.agents.factory import build_runner
+from broker.control.loop import Scheduler
 from broker.domain import TaskSpec, TaskState
 from broker.estate import parse_estate
 from broker.pools.base import Context
 from broker.pools.slurm import SlurmDriver
-from broker.scheduler.loop import Scheduler
-from broker.server import build_runner
 from broker.store.repository import Store
 
 pytestmark = pytest.mark.slurm

@@ -7,15 +7,15 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from batch_helpers import JOB_PYTHON, open_folder, shared_folder
 from conftest import submitted_id
+from helpers.batch import JOB_PYTHON, open_folder, shared_folder
 
+from broker.agents.factory import build_runner
+from broker.control.loop import Scheduler
 from broker.domain import TaskSpec, TaskState
 from broker.estate import parse_estate
 from broker.pools.base import Context
 from broker.pools.slurm import SlurmDriver
-from broker.scheduler.loop import Scheduler
-from broker.server import build_runner
 from broker.store.repository import Store
 
 pytestmark = pytest.mark.slurm

@@ -7,8 +7,8 @@ from contextlib import contextmanager
 from typing import Any
 
 import pytest
-from batch_helpers import open_folder, pool_yaml, remove_tree, shared_folder
 from conftest import Server, start_server, stop_server, submitted_id, wait_for
+from helpers.batch import open_folder, pool_yaml, remove_tree, shared_folder
 
 pytestmark = pytest.mark.slurm
 

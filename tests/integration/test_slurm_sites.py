@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from batch_helpers import (
+from conftest import ROOT, Server, start_server, stop_server, submitted_id, wait_for
+from helpers.batch import (
     JOB_PYTHON,
     count_lines,
     login_node,
@@ -23,7 +24,7 @@ from batch_helpers import (
     shared_folder,
     start_now,
 )
-from conftest import ROOT, Server, start_server, stop_server, submitted_id, wait_for
+from helpers.slurm import slurm_jobs
 
 pytestmark = pytest.mark.slurm
 
@@ -100,22 +101,11 @@ def serve(folder: Path, job_root: Path, path: str, conf: Path, calls: Path) -> I
         remove_tree(folder)
 
 
-def slurm_jobs(conf: Path, job_root: str) -> dict[str, list[tuple[str, str]]]:
-    """Slurm's own record of the jobs whose script lies under `job_root`, by job name (as root,
-    who sees every job): name -> [(job id, state)]."""
-    done = subprocess.run(
-        ["squeue", "--all", "--noheader", "--states=all", "--format=%i|%j|%T|%o"],
-        capture_output=True,
-        text=True,
-        check=True,
-        env={"PATH": "/usr/bin:/bin", "SLURM_CONF": str(conf)},
-    )
-    found: dict[str, list[tuple[str, str]]] = {}
-    for line in done.stdout.splitlines():
-        job_id, name, state, script = line.strip().split("|", 3)
-        if script.startswith(job_root):
-            found.setdefault(name, []).append((job_id, state))
-    return found
+def slurm_jobs_of(site: SitePool) -> dict[str, list[tuple[str, str]]]:
+    """Slurm's own record of the jobs whose script lies under the site's job root, by job name
+    (as root, who sees every job): name -> [(job id, state)]."""
+    found = slurm_jobs(site.job_root, conf=site_conf(site))
+    return {name: [(job.native_id, job.state) for job in jobs] for name, jobs in found.items()}
 
 
 def test_every_users_job_is_seen_where_private_data_hides_them(private_jobs_pool, go):
@@ -150,7 +140,7 @@ def test_every_users_job_is_seen_where_private_data_hides_them(private_jobs_pool
     assert all("--all" in c.split() for c in calls)
 
     # Slurm's own records: exactly one job per task, none lost.
-    records = slurm_jobs(site_conf(site), f"{site.job_root}/")
+    records = slurm_jobs_of(site)
     tags = {f"klique-{task_id}" for task_id in tasks}
     assert {name: len(jobs) for name, jobs in records.items()} == dict.fromkeys(tags, 1)
     assert all(state == "COMPLETED" for jobs in records.values() for _, state in jobs)
@@ -190,7 +180,7 @@ def test_slurms_own_requeue_moves_a_running_task_back_to_pending(private_jobs_po
     back = [e for e in events if e["from"] == "running" and e["to"] == "pending"]
     assert len(back) == 1 and back[0]["reason"].startswith("requeued by slurm (restart 1): ")
     assert [e["to"] for e in events][-3:] == ["pending", "running", "completed"]
-    records = slurm_jobs(site_conf(site), f"{site.job_root}/")
+    records = slurm_jobs_of(site)
     assert records[f"klique-{task_id}"] == [(str(task["native_id"]), "COMPLETED")]
 
 
@@ -241,7 +231,7 @@ def test_a_task_preempted_by_requeue_waits_and_runs_again(private_jobs_pool, go)
     assert ended["state"] == "completed", ended
     back = [e for e in ended["events"] if (e["from"], e["to"]) == ("running", "pending")]
     assert len(back) == 1 and back[0]["reason"].startswith("requeued by slurm (restart 1): ")
-    records = slurm_jobs(site_conf(site), f"{site.job_root}/")
+    records = slurm_jobs_of(site)
     assert records[f"klique-{task_id}"] == [(str(task["native_id"]), "COMPLETED")]
 
 
@@ -269,7 +259,7 @@ def test_a_task_in_a_hidden_partition_is_seen_to_its_end(private_jobs_pool, go):
     go.touch()
     ended = site.server.wait_state(task_id, timeout=90, token=alice)
     assert ended["state"] == "completed", ended
-    records = slurm_jobs(site_conf(site), f"{site.job_root}/")
+    records = slurm_jobs_of(site)
     assert records[f"klique-{task_id}"] == [(job, "COMPLETED")]
 
 
@@ -301,7 +291,7 @@ def test_a_job_held_after_its_launch_failed_is_released_and_runs(private_jobs_po
     start_now(env, str(task["native_id"]))  # past Slurm's hold of a requeued job
     ended = site.server.wait_state(task_id, timeout=120, token=alice)
     assert ended["state"] == "completed", ended
-    records = slurm_jobs(site_conf(site), f"{site.job_root}/")
+    records = slurm_jobs_of(site)
     assert records[f"klique-{task_id}"] == [(str(task["native_id"]), "COMPLETED")]
 
 
@@ -362,7 +352,7 @@ def test_a_lost_sbatch_reply_never_makes_a_second_job(lossy_pool):
     submissions = int(site.calls.read_text())
     assert submissions > len(tasks)  # some replies were lost, some requests too
 
-    records = slurm_jobs(site_conf(site), f"{site.job_root}/")
+    records = slurm_jobs_of(site)
     tags = {f"klique-{task_id}" for task_id in tasks}
     assert {name: len(jobs) for name, jobs in records.items()} == dict.fromkeys(tags, 1)
     assert all(state == "COMPLETED" for jobs in records.values() for _, state in jobs)

@@ -13,8 +13,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from batch_helpers import JOB_PYTHON, open_folder, shared_folder
 from conftest import TASK_PY, submitted_id
+from helpers.batch import JOB_PYTHON, open_folder, shared_folder
 
 from broker.fileops import ITEM_LINE, SCRIPTS, tar_of
 

@@ -22,7 +22,8 @@ from conftest import (
     stop_server,
     wait_for,
 )
-from kube_helpers import NAMESPACE, Emulator
+from helpers.kube import NAMESPACE, Emulator
+from helpers.slurm import SlurmJob, slurm_jobs
 
 pytestmark = pytest.mark.slurm
 
@@ -117,16 +118,15 @@ def spill_server(tmp_path: Path, slurm_cluster: Any) -> Iterator[tuple[Server, P
         yield server, job_root
     finally:
         stop_server(server)
-        ours = [row[0] for row in slurm_jobs(job_root) if row[2] in ("PENDING", "RUNNING")]
+        ours = [job.native_id for job in our_jobs(job_root) if job.state in ("PENDING", "RUNNING")]
         if ours:
             subprocess.run(["scancel", *ours], check=False, timeout=60)
         shutil.rmtree(job_root, ignore_errors=True)
 
 
-def slurm_jobs(job_root: Path) -> list[list[str]]:
-    """Every job whose script lies under this test's job root: [id, name, state, script]."""
-    rows = squeue("--states=all", "--users=alice", "--format=%i|%j|%T|%o")
-    return [row for row in rows if len(row) == 4 and row[3].startswith(f"{job_root}/")]
+def our_jobs(job_root: Path) -> list[SlurmJob]:
+    """Every job whose script lies under this test's job root."""
+    return [job for jobs in slurm_jobs(job_root).values() for job in jobs]
 
 
 def test_tasks_spill_from_a_full_slurm_pool_to_the_host_pool(
@@ -153,7 +153,7 @@ def test_tasks_spill_from_a_full_slurm_pool_to_the_host_pool(
         try:
             wait_for(all_final, 180, f"all {TASKS} tasks to end", interval=0.2)
         finally:
-            queue = slurm_jobs(job_root)
+            queue = our_jobs(job_root)
         shown = {i: api.get(f"/tasks/{i}").json() for i in ids}
 
     outcomes = [(t["state"], t["pool"]) for t in shown.values()]
@@ -175,9 +175,9 @@ def test_tasks_spill_from_a_full_slurm_pool_to_the_host_pool(
         assert states[back:] == ["queued", "placed", "submitted", "running", "completed"], states
 
     # Slurm got jobs for the spilled tasks, and cancelled every one: none ran.
-    names = {row[1] for row in queue}
+    names = {job.name for job in queue}
     assert {f"klique-{i}" for i in spilled} <= names, queue
-    assert {row[2] for row in queue} <= {"CANCELLED"}, queue
+    assert {job.state for job in queue} <= {"CANCELLED"}, queue
     running = squeue("--states=all", f"--jobs={','.join(full_gpu_partition)}", "--format=%T")
     assert running == [["RUNNING"]] * 4, "bob's GPU jobs ended early: Slurm was not kept full"
 
@@ -279,7 +279,9 @@ def everywhere_server(
     finally:
         stop_server(server)
         cluster.stop()
-        ours = [row[0] for row in slurm_jobs(slurm_root) if row[2] in ("PENDING", "RUNNING")]
+        ours = [
+            job.native_id for job in our_jobs(slurm_root) if job.state in ("PENDING", "RUNNING")
+        ]
         if ours:
             subprocess.run(["scancel", *ours], check=False, timeout=60)
         shutil.rmtree(slurm_root, ignore_errors=True)
@@ -332,5 +334,5 @@ def test_one_task_spills_over_slurm_kubernetes_and_docker_mode_with_the_same_out
         outputs[where[i]] = [line for line in logs.splitlines() if line.startswith("RESULT")]
     expected = ["RESULT from the uncommitted diff 332833500"]
     assert outputs == {"slurm": expected, "k8s": expected, "box": expected}, outputs
-    ran = {row[1] for row in slurm_jobs(slurm_root) if row[2] == "COMPLETED"}
-    assert ran == {f"klique-{ids[0]}"}, slurm_jobs(slurm_root)
+    ran = {job.name for job in our_jobs(slurm_root) if job.state == "COMPLETED"}
+    assert ran == {f"klique-{ids[0]}"}, our_jobs(slurm_root)

@@ -9,8 +9,8 @@ import threading
 import time
 
 import httpx
-from app_helpers import echo_command, launch, stop, wait_ready
 from conftest import HOST_ACCESS, wait_for
+from helpers.app import echo_command, launch, stop, wait_ready
 
 ESTATE = (
     "teams:\n  vision: [alice]\n  nlp: [bob]\n"

@@ -10,17 +10,18 @@ from typing import Any
 
 import httpx
 import pytest
-from batch_helpers import (
+from conftest import HTTP_TLS, Server, start_server, stop_server, wait_for
+from helpers.batch import (
+    batch_pool,
     count_lines,
     login_node,
     open_folder,
-    pool_yaml,
     remove_tree,
     run_as,
     search_path,
     shared_folder,
 )
-from conftest import HTTP_TLS, Server, start_server, stop_server, wait_for
+from helpers.estates import estate_yaml, profile
 
 pytestmark = pytest.mark.long
 
@@ -34,7 +35,7 @@ CANCEL = {"slurm": "scancel", "pbspro": "qdel", "torque": "qdel", "lsf": "bkill"
 
 
 def estate(scheduler: str, job_root: Path) -> str:
-    pool = pool_yaml(
+    pool = batch_pool(
         scheduler,
         job_root,
         None,
@@ -42,13 +43,11 @@ def estate(scheduler: str, job_root: Path) -> str:
         poll_interval=f"{POLL_INTERVAL_S:g}s",
         submit_concurrency=16,
     )
-    return f"""
-resources:
-  held:
-    profile: {{cpus: 1, memory: 100M, walltime: 1h, pools: [batch]}}
-    extra_directives: [{HOLD[scheduler]}]
-pools:
-{pool}"""
+    held = profile("batch", cpus=1, memory="100M", walltime="1h")
+    return estate_yaml(
+        resources={"held": {**held, "extra_directives": [HOLD[scheduler]]}},
+        pools={"batch": pool},
+    )
 
 
 def tasks_in(server: Server, token: str, state: str) -> list[dict[str, Any]]:

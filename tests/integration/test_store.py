@@ -11,7 +11,8 @@ import sqlalchemy
 from broker.domain import TaskSpec, TaskState
 from broker.errors import IllegalTransition, NotFound
 from broker.store import repository
-from broker.store.repository import Move, Store, normalise_url
+from broker.store.engine import normalise_url
+from broker.store.repository import Move, Store
 
 S = TaskState
 
@@ -173,12 +174,17 @@ def test_unknown_task_is_not_found(store):
 
 
 def test_tokens(store):
-    token = store.add_token("alice")
-    assert store.user_for_token(token) == ("alice", False)
-    assert store.user_for_token("forged") is None
-    assert not store.has_admin()
-    store.add_token("admin", admin=True)
-    assert store.has_admin()
+    from broker.store.identity import IdentityStore
+
+    identities = IdentityStore(store)
+    token, _ = identities.add_token("alice")
+    found = identities.token(token)
+    assert found is not None and (found.user, found.admin) == ("alice", False)
+    assert identities.token("forged") is None
+    assert not identities.has_admin()
+    _, admin = identities.add_token("admin", kind="admin")
+    assert identities.has_admin()
+    assert admin.admin and admin.scopes == {"admin", "read", "submit"}
 
 
 def test_reopening_migrates_once_and_keeps_rows(store):
@@ -255,9 +261,10 @@ def test_a_sweep_is_made_in_one_transaction_each_task_from_its_own_item(store):
 
 
 def test_a_batchs_attempts_and_accepted_jobs_are_each_recorded_at_once(store):
+    from broker.agents.link import Accepted, Attempt
+    from broker.control.store_link import StoreLink
     from broker.estate import parse_estate
-    from broker.scheduler.link import Accepted, Attempt, StoreLink
-    from broker.store.repository import token_digest
+    from broker.store.identity import token_digest
 
     estate = "pools: {p: {kind: host}}\nresources: {cpu: {profile: {cpus: 1, pools: [p]}}}"
     link = StoreLink(store, parse_estate(estate))
@@ -289,9 +296,8 @@ def test_a_batchs_attempts_and_accepted_jobs_are_each_recorded_at_once(store):
 def test_agent_tokens_made_before_they_could_expire_get_an_end_and_revoked_ones_stay_out(store):
     from alembic import command
 
-    from broker.store.agent_tokens import AgentTokens
+    from broker.store.identity import AgentTokens, token_digest
     from broker.store.migrate import config
-    from broker.store.repository import token_digest
 
     tokens = AgentTokens(store)
     kept, _ = tokens.add(["p"], time.time() + 3600)

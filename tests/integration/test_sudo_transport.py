@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from batch_helpers import open_folder, remove_tree, shared_folder
-from confined_helper import write_config
 from conftest import ROOT, start_server, stop_server
+from helpers.batch import open_folder, remove_tree, shared_folder
+from helpers.confined import write_config
 
 from broker import fileops
 from broker.errors import CommandFailed
@@ -300,6 +300,6 @@ def test_the_agent_token_serves_its_pools_only(host_server: Any) -> None:
 
 
 def test_the_helper_submits_many_job_folders_as_the_scripts_do(sudo_rule: str, jobs: Path) -> None:
-    from submit_many_helpers import expected, run_scenario
+    from helpers.submit_many import expected, run_scenario
 
     assert run_scenario(SudoTransport(str(HELPER)), jobs) == expected()

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from batch_helpers import open_folder, pool_yaml, remove_tree
 from conftest import (
     HOST_ESTATE,
     TASK_PY,
@@ -22,6 +21,7 @@ from conftest import (
     stop_server,
     wait_for,
 )
+from helpers.batch import open_folder, pool_yaml, remove_tree
 
 ESTATE = HOST_ESTATE + "limits: {max_batch: 30}\n"
 PRINT_LR = [TASK_PY, "-c", "import sys; print('lr=' + sys.argv[1])", "{lr}"]

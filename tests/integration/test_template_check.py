@@ -2,30 +2,29 @@
 
 import pytest
 from click.testing import CliRunner
+from helpers.estates import estate_yaml, profile
 
 from broker.cli import main
 
 pytestmark = pytest.mark.slurm
 
-ESTATE = """
-resources:
-  cpu:
-    profile: {{cpus: 1, memory: 100M, walltime: 10m, pools: [slurm]}}
-  huge:
-    profile: {{gpus: 9, cpus: 1, memory: 100M, walltime: 10m, pools: [slurm]}}
-pools:
-  slurm:
-    kind: slurm
-    partition: debug
-    job_root: {job_root}
-    user_map: {{alice: alice}}
-"""
+ALLOCATION = {"cpus": 1, "memory": "100M", "walltime": "10m"}
 
 
 @pytest.fixture
 def estate(tmp_path, slurm_cluster):
     path = tmp_path / "estate.yaml"
-    path.write_text(ESTATE.format(job_root=slurm_cluster.work / "preview"))
+    pool = {
+        "kind": "slurm",
+        "partition": "debug",
+        "job_root": str(slurm_cluster.work / "preview"),
+        "user_map": {"alice": "alice"},
+    }
+    resources = {
+        "cpu": profile("slurm", **ALLOCATION),
+        "huge": profile("slurm", gpus=9, **ALLOCATION),
+    }
+    path.write_text(estate_yaml(resources=resources, pools={"slurm": pool}))
     return path
 
 

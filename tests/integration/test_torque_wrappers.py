@@ -38,8 +38,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from batch_helpers import SSHLogin, open_folder, remove_tree, run_as, shared_folder
 from conftest import start_server, stop_server
+from helpers.batch import SSHLogin, open_folder, remove_tree, run_as, shared_folder
 from test_batch_pools import (  # noqa: F401 - collected here, against the wrappers' pool
     BatchPool,
     estate,
@@ -52,7 +52,7 @@ from test_batch_pools import (  # noqa: F401 - collected here, against the wrapp
     test_hostile_strings_reach_the_job_byte_for_byte,
 )
 
-from broker.pools.pbs import qstat_text_jobs
+from broker.pools.pbs_parse import qstat_text_jobs
 
 pytestmark = pytest.mark.slurm
 WRAPPERS = ("qsub", "qstat", "qdel")

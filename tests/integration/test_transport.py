@@ -16,7 +16,8 @@ from typing import Any, TypeVar
 import pytest
 
 from broker.errors import CommandFailed, NotPermitted, TransportError
-from broker.transport import LocalTransport, SSHTransport, check_account
+from broker.transport import LocalTransport, check_account
+from broker.transport_ssh import SSHTransport
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0, reason="running as alice and bob through runuser needs root"
@@ -471,7 +472,7 @@ def test_many_job_folders_are_written_and_submitted_in_one_command(
 ) -> None:
     """Each folder new and private; bob's folder and link fail their own items only; each
     command's output and exit code come back intact, newlines and all."""
-    from submit_many_helpers import expected, run_scenario
+    from helpers.submit_many import expected, run_scenario
 
     transport = LocalTransport() if kind == "local" else ssh(request.getfixturevalue("sshd"))
     assert run_scenario(transport) == expected()

@@ -11,10 +11,11 @@ import re
 import pytest
 from fastapi.testclient import TestClient
 
-from broker.api.app import API
 from broker.domain import TaskSpec
 from broker.estate import builtin_estate
+from broker.http.paths import API
 from broker.server import build_app
+from broker.store.identity import IdentityStore
 from broker.store.repository import Store
 from broker.web.features import CLONE
 
@@ -32,7 +33,8 @@ def _server(tmp_path, with_clone: bool) -> tuple[TestClient, Store]:
     form = client.get("/login").text
     login_token = re.search(r'name="login_token" value="([^"]+)"', form)[1]  # type: ignore[index]
     signed = client.post(
-        "/login", data={"token": store.add_token("alice"), "login_token": login_token}
+        "/login",
+        data={"token": IdentityStore(store).add_token("alice")[0], "login_token": login_token},
     )
     assert signed.status_code == 303
     return client, store
@@ -66,7 +68,7 @@ def test_apps_launch_from_the_catalogue_and_refusals_read_as_the_api_says(featur
     page = client.get("/apps").text
     route = task.spec.app["route"]
     assert f"/apps/instances/{task.id}/stop" in page and f"/routes/{route}/" in page
-    admin = store.add_token("root-team", admin=True)
+    admin, _ = IdentityStore(store).add_token("root-team", kind="admin")
     headers = {"Authorization": f"Bearer {admin}"}
     client.put(f"{API}/apps/jupyter/lock", json={"reason": LOCKED}, headers=headers)
     refused = client.post("/apps/jupyter/launch", data={"csrf": csrf, "resource": "cpu"})

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from batch_helpers import open_folder, pool_yaml, remove_tree
 from conftest import HOST_ACCESS, Server
+from helpers.batch import open_folder, pool_yaml, remove_tree
 
 # What the server holds that no task may ever see: in its environment and its database URL.
 SERVER_SECRET = f"server-secret-{secrets.token_hex(12)}"

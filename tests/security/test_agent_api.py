@@ -15,6 +15,7 @@ from typing import Any
 from conftest import HOST_ACCESS, ROOT, wait_for
 
 from broker.estate import parse_estate
+from broker.pools.settings import serves_remotely
 
 from .conftest import REMOTE_POOLS
 
@@ -186,7 +187,7 @@ def test_an_agent_reads_its_own_pools_part_of_the_estate_alone(server_factory) -
     assert set(answer.json()) == {"pool", "estate"}  # not the server's estate file path either
     # What the agent builds its driver from is all there, and a valid estate.
     estate = parse_estate(text, "agent view")
-    assert list(estate.pools) == ["alpha"] and estate.pools["alpha"].settings["agent"] == "remote"
+    assert list(estate.pools) == ["alpha"] and serves_remotely(estate.pools["alpha"])
     assert estate.pools["alpha"].user_map.accounts == {
         "admin": "alice",
         "alice": "alice",

@@ -12,8 +12,8 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from app_helpers import ECHO, call, mcp_session
 from conftest import HOST_ACCESS, TASK_PY, Server
+from helpers.app import ECHO, call, mcp_session
 
 ESTATE = (
     "teams:\n  vision: [alice]\n  nlp: [bob]\n"

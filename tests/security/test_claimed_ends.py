@@ -12,12 +12,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from scripted_transport import ScriptedTransport
+from helpers.scripted_transport import ScriptedTransport
 
+from broker.agents import pool_agent
+from broker.agents.pool_agent import PoolAgent
+from broker.agents.timing import CONFIRM_S
 from broker.domain import Task, TaskState
 from broker.estate import parse_estate
 from broker.pools import batch
-from broker.pools.base import CONFIRM_S, Context
+from broker.pools.base import Context
 from broker.pools.pbs import PbsDriver
 from broker.preview import sample_task
 from broker.transport import Completed
@@ -28,7 +31,8 @@ CLAIM = {"exit_code": 0, "outcome": "completed", "reason": "done (or so it says)
 
 
 class Clock:
-    """The batch driver's `time` module, with a monotonic clock that the test moves."""
+    """The `time` module of the agent and the batch driver, with a monotonic clock that the
+    test moves."""
 
     def __init__(self) -> None:
         self.now = 1000.0
@@ -53,7 +57,7 @@ def still_running(argv: list[str], account: str) -> Completed:
 
 
 @pytest.fixture
-def pool(monkeypatch: pytest.MonkeyPatch) -> tuple[PbsDriver, ScriptedTransport, Any, Clock]:
+def pool(monkeypatch: pytest.MonkeyPatch) -> tuple[PoolAgent, ScriptedTransport, Any, Clock]:
     estate = parse_estate(
         f"""
 resources:
@@ -65,9 +69,14 @@ pools:
     )
     clock = Clock()
     monkeypatch.setattr(batch, "time", clock)
+    monkeypatch.setattr(pool_agent, "time", clock)
     transport = ScriptedTransport(still_running)
     context = Context(estate, Path("."), Path("klique-runner.pyz"), None)
-    return PbsDriver(estate.pools["p"], context, transport), transport, estate, clock
+    driver = PbsDriver(estate.pools["p"], context, transport)
+    # The agent's clock times the pool's queries; `ask` is its look's question to the pool
+    # (no link: `ask` reports nothing).
+    agent = PoolAgent("p", driver, link=None, interval_s=0.5)  # type: ignore[arg-type]
+    return agent, transport, estate, clock
 
 
 def running(estate: Any, task_id: int, claimed: bool) -> Task:
@@ -89,14 +98,14 @@ def query_times(transport: ScriptedTransport, times: list[float], clock: Clock) 
 
 
 def test_a_job_repeating_its_claim_gets_fewer_and_fewer_queries(pool) -> None:
-    driver, transport, estate, clock = pool
+    agent, transport, estate, clock = pool
     asked: list[float] = []
-    asyncio.run(driver.poll([running(estate, 1, claimed=False)]))  # the first look
+    asyncio.run(agent.ask([running(estate, 1, claimed=False)]))  # the first look
     query_times(transport, asked, clock)
     start = clock.now
     for _ in range(int(INTERVAL_S / STEP_S)):  # a minute of claims repeated at every look
         clock.now += STEP_S
-        asyncio.run(driver.poll([running(estate, 1, claimed=True)]))
+        asyncio.run(agent.ask([running(estate, 1, claimed=True)]))
         query_times(transport, asked, clock)
     gaps = [round(b - a, 1) for a, b in zip(asked, asked[1:], strict=False)]
     assert gaps[:2] == [CONFIRM_S, CONFIRM_S], gaps  # the claim is looked for soon, twice
@@ -106,14 +115,14 @@ def test_a_job_repeating_its_claim_gets_fewer_and_fewer_queries(pool) -> None:
 
 
 def test_many_jobs_claiming_at_once_get_one_query_a_second(pool) -> None:
-    driver, transport, estate, clock = pool
+    agent, transport, estate, clock = pool
     asked: list[float] = []
-    asyncio.run(driver.poll([running(estate, i, claimed=False) for i in range(1, 201)]))
+    asyncio.run(agent.ask([running(estate, i, claimed=False) for i in range(1, 201)]))
     query_times(transport, asked, clock)
     for step in range(200):  # a new task claims its end at every look, for 20 s
         clock.now += STEP_S
         tasks = [running(estate, i, claimed=i <= step + 1) for i in range(1, 201)]
-        asyncio.run(driver.poll(tasks))
+        asyncio.run(agent.ask(tasks))
         query_times(transport, asked, clock)
     gaps = [b - a for a, b in zip(asked, asked[1:], strict=False)]
     assert gaps and min(gaps) >= CONFIRM_S - 1e-9, gaps
@@ -123,24 +132,24 @@ def test_many_jobs_claiming_at_once_get_one_query_a_second(pool) -> None:
 def test_the_agent_is_told_to_look_when_the_next_query_may_come_and_no_sooner(pool) -> None:
     """The agent looks again when the pool may be asked (a second after its last query), so a
     claim that comes 0.4 s after a query is asked about 0.6 s later, and never sooner."""
-    driver, transport, estate, clock = pool
+    agent, transport, estate, clock = pool
     asked: list[float] = []
-    asyncio.run(driver.poll([running(estate, 1, claimed=False)]))
+    asyncio.run(agent.ask([running(estate, 1, claimed=False)]))
     query_times(transport, asked, clock)
-    assert driver.confirm_in(frozenset()) is None
+    assert agent.clock.confirm_in(frozenset(), clock.now) is None
     clock.now += 0.4
-    wait = driver.confirm_in(frozenset({1}))
+    wait = agent.clock.confirm_in(frozenset({1}), clock.now)
     assert wait == pytest.approx(CONFIRM_S - 0.4)
-    asyncio.run(driver.poll([running(estate, 1, claimed=True)]))  # the report's own look
+    asyncio.run(agent.ask([running(estate, 1, claimed=True)]))  # the report's own look
     query_times(transport, asked, clock)
     assert len(asked) == 1  # too soon: not asked
     clock.now += wait
-    assert driver.confirm_in(frozenset({1})) == 0.0
-    asyncio.run(driver.poll([running(estate, 1, claimed=True)]))
+    assert agent.clock.confirm_in(frozenset({1}), clock.now) == 0.0
+    asyncio.run(agent.ask([running(estate, 1, claimed=True)]))
     query_times(transport, asked, clock)
     assert [round(t - asked[0], 6) for t in asked] == [0.0, CONFIRM_S]
     # still running at that query: the next comes a second after it, then twice as far
-    assert driver.confirm_in(frozenset({1})) == pytest.approx(CONFIRM_S)
+    assert agent.clock.confirm_in(frozenset({1}), clock.now) == pytest.approx(CONFIRM_S)
     clock.now += CONFIRM_S
-    asyncio.run(driver.poll([running(estate, 1, claimed=True)]))
-    assert driver.confirm_in(frozenset({1})) == pytest.approx(2 * CONFIRM_S)
+    asyncio.run(agent.ask([running(estate, 1, claimed=True)]))
+    assert agent.clock.confirm_in(frozenset({1}), clock.now) == pytest.approx(2 * CONFIRM_S)

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from batch_helpers import open_folder, remove_tree, shared_folder
-from confined_helper import confined_helper
+from helpers.batch import open_folder, remove_tree, shared_folder
+from helpers.confined import confined_helper
 
 from broker import fileops
 

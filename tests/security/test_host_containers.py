@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from batch_helpers import open_folder, remove_tree, shared_folder
 from conftest import Server
 from conftest_services import docker_estate
-from container_images import SETUID_PYTHON
+from helpers.batch import open_folder, remove_tree, shared_folder
+from helpers.container_images import SETUID_PYTHON
 
 from broker.pools.host_docker import RUNNER_PATH, make_mount_folder
 

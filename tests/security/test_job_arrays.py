@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from batch_helpers import JOB_PYTHON, looked_for, sticky_job_root
+from helpers.batch import JOB_PYTHON, looked_for, sticky_job_root
 
 from broker.domain import Task, TaskSpec, TaskState
 from broker.errors import KliqueError

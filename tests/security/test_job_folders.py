@@ -109,7 +109,7 @@ def test_a_cache_planted_by_another_account_is_refused(
 ) -> None:
     """The pool's cache folder is shared; bob makes alice's cache folder first, open to all,
     with an environment of his. alice's task refuses it with a reason, and uses nothing of it."""
-    from batch_helpers import open_folder, remove_tree
+    from helpers.batch import open_folder, remove_tree
 
     cache = open_folder(Path("/tmp") / f"klique-cache-{tmp_path.name}")
     request.addfinalizer(lambda: remove_tree(cache))

@@ -15,8 +15,8 @@ from fastapi.testclient import TestClient
 
 from broker.api.identity import identity_router
 from broker.identity import ldap
-from broker.identity.config import IdentityFile, LdapFile
 from broker.identity.throttle import Throttle, retry_after
+from broker.identity_settings import IdentityFile, LdapFile
 
 
 class Clock:

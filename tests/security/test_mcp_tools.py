@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 
-from app_helpers import call, echo_command, launch, mcp_session, wait_ready
+from helpers.app import call, echo_command, launch, mcp_session, wait_ready
 
 from .conftest import Attack, submit
 

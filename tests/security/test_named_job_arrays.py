@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from batch_helpers import (
+from helpers.batch import (
     login_node,
     looked_for,
     open_folder,

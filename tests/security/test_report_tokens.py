@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 from conftest import HOST_ACCESS
 
-from broker.store.repository import token_digest
+from broker.store.identity import token_digest
 
 from .conftest import RESOURCE, Attack, submit
 

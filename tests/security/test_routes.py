@@ -20,13 +20,13 @@ from pathlib import Path
 import httpx
 import pytest
 import websockets.sync.client
-from app_helpers import ECHO, echo_command, launch, stop, wait_ready
 from conftest import HOST_ACCESS, TASK_PY
+from helpers.app import ECHO, echo_command, launch, stop, wait_ready
 from websockets.exceptions import InvalidStatus
 
-from broker.routes import auth as route_auth
-from broker.routes.auth import RouteKeys
-from broker.routes.headers import kept_cookie
+from broker.route_proxy import access as route_access
+from broker.route_proxy.access import RouteKeys
+from broker.route_proxy.headers import kept_cookie
 
 ESTATE = (
     "teams:\n  vision: [alice]\n  nlp: [bob]\n"
@@ -108,7 +108,7 @@ def signed_in(server, token: str) -> tuple[httpx.Client, str]:
 
 
 def echo_app(server, token: str, name: str = "echo") -> dict:
-    """An `http` endpoint answering with its `name` (app_helpers.ECHO), once its route answers."""
+    """An `http` endpoint answering with its `name` (helpers.app.ECHO), once its route answers."""
     task = launch(server, token, "http", params={"command": echo_command(name)})
     wait_ready(server, token, task["id"])
     return task
@@ -390,7 +390,7 @@ def test_a_route_code_expires_after_a_minute(monkeypatch) -> None:
     from broker.identity.resolve import Caller
 
     now = [1000.0]
-    monkeypatch.setattr(route_auth.time, "time", lambda: now[0])
+    monkeypatch.setattr(route_access.time, "time", lambda: now[0])
     keys = RouteKeys()
     alice = Caller("alice", False)
     late, timely = keys.mint(alice, "r"), keys.mint(alice, "r")
@@ -403,7 +403,7 @@ def test_a_route_code_expires_after_a_minute(monkeypatch) -> None:
     now[0] += 2
     assert keys.exchange(late, "r") is None  # 61 s old
     assert keys.exchange(keys.mint(alice, "r"), "other") is None  # another route's
-    now[0] += route_auth.SESSION_TTL_S
+    now[0] += route_access.SESSION_TTL_S
     assert keys.session(session, "r") is None  # the route session ends too
 
 

@@ -10,11 +10,13 @@ from pathlib import Path
 
 import pytest
 from conftest import HOST_ACCESS, wait_for
-from runner_helpers import make_job, run_runner
+from helpers.runner import make_job, run_runner
 
 from broker.errors import TransportError
 from broker.estate import parse_estate
-from broker.transport import SSHTransport, make_transport
+from broker.pools.login import make_transport
+from broker.pools.registry import settings_for
+from broker.transport_ssh import SSHTransport
 
 from .conftest import RESOURCE, Attack, as_account, submit
 
@@ -58,7 +60,9 @@ def test_an_ssh_pool_needs_known_hosts_and_expands_home() -> None:
     assert transport._known_hosts == str(Path("~/.ssh/known_hosts").expanduser())
     assert transport._client_keys == [str(Path("~/.ssh/id").expanduser())]
     pool = estate.pools["p"]
-    broken = type(pool)(name="q", kind="slurm", settings={"transport": {"kind": "ssh"}})
+    broken = type(pool)(
+        name="q", kind="slurm", settings=settings_for("slurm", transport={"kind": "ssh"})
+    )
     with pytest.raises(TransportError, match="needs known_hosts"):
         make_transport(broken)
 

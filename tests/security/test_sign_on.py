@@ -13,7 +13,7 @@ import re
 import httpx
 import pytest
 from conftest import wait_for
-from identity_helpers import (
+from helpers.identity import (
     TEAMS_ESTATE,
     TLS,
     Directory,

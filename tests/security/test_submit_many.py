@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from batch_helpers import open_folder, sticky_job_root
-from confined_helper import confined_helper
+from helpers.batch import open_folder, sticky_job_root
+from helpers.confined import confined_helper
 
 from broker import fileops
 from broker.errors import CommandFailed

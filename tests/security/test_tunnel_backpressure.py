@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 import websockets.sync.client
-from app_helpers import launch, stop, wait_ready
 from conftest import HOST_ACCESS, TASK_PY, Server, wait_for
-from flood_helpers import (
+from helpers.app import launch, stop, wait_ready
+from helpers.flood import (
     BLOCK,
     FLOOD_APP,
     MiB,

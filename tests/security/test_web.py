@@ -13,7 +13,7 @@ import httpx
 import pytest
 from conftest import FINAL, TASK_PY, wait_for
 
-from broker.web.ui import web_router
+from broker.web.site import web_router
 
 from .conftest import SERVER_SECRET, Attack, host_estate, submit
 

@@ -1,5 +1,5 @@
-"""One pool's part of the estate, as its agent reads it (broker/agent_estate.py), and the words
-of a refused agent token (broker/api/agent_tokens.py)."""
+"""One pool's part of the estate, as its agent reads it (broker/agents/estate_view.py), and the
+words of a refused agent token (broker/api/agent_tokens.py)."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ import time
 
 import pytest
 
-from broker.agent_estate import agent_estate
+from broker.agents.estate_view import agent_estate
 from broker.api.agent_tokens import refusal
 from broker.errors import NotFound
 from broker.estate import parse_estate
-from broker.store.agent_tokens import AgentTokenInfo
+from broker.store.rows import AgentTokenInfo
 
 ESTATE = """
 templates_dir: site-templates

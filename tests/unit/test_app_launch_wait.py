@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from broker import cli_apps
+from broker.cli import apps
 from broker.client import ApiError
 
 
@@ -41,7 +41,7 @@ def test_wait_returns_only_when_the_app_answers_and_says_each_step_once(capsys) 
         [queued, queued, building, building, building, ready],
         ["", "", "making the environment: 3 packages\n", "installed numpy\nstarting ", "", ""],
     )
-    instance = cli_apps._wait_ready(launch, 7, poll_s=0)  # type: ignore[arg-type]
+    instance = apps.wait_ready(launch, 7, poll_s=0)  # type: ignore[arg-type]
     assert instance["ready"] and instance["state"] == "running" and launch.polls == 6
     out, err = capsys.readouterr()
     assert out == ""
@@ -55,15 +55,15 @@ def test_wait_returns_only_when_the_app_answers_and_says_each_step_once(capsys) 
 
 
 def test_ready_while_not_running_is_not_ready_to_open() -> None:
-    assert not cli_apps.ready_to_open({"state": "placed", "ready": True})
-    assert not cli_apps.ready_to_open({"state": "running", "ready": False})
-    assert cli_apps.ready_to_open({"state": "running", "ready": True})
+    assert not apps.ready_to_open({"state": "placed", "ready": True})
+    assert not apps.ready_to_open({"state": "running", "ready": False})
+    assert apps.ready_to_open({"state": "running", "ready": True})
 
 
 def test_an_app_that_ends_while_waited_for_ends_the_wait(capsys) -> None:
     ended = {"state": "failed", "ready": False, "reason": "the image does not exist"}
     launch = Launch([{"state": "queued", "ready": False}, ended], [])
-    assert cli_apps._wait_ready(launch, 7, poll_s=0)["state"] == "failed"  # type: ignore[arg-type]
+    assert apps.wait_ready(launch, 7, poll_s=0)["state"] == "failed"  # type: ignore[arg-type]
 
 
 def test_a_console_that_cannot_be_read_does_not_end_the_wait() -> None:
@@ -74,10 +74,10 @@ def test_a_console_that_cannot_be_read_does_not_end_the_wait() -> None:
             return super().get(path, **params)
 
     steps = [{"state": "running", "ready": False}, {"state": "running", "ready": True}]
-    assert cli_apps._wait_ready(NoConsole(steps, []), 7, poll_s=0)["ready"]  # type: ignore[arg-type]
+    assert apps.wait_ready(NoConsole(steps, []), 7, poll_s=0)["ready"]  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("state", ["completed", "failed", "cancelled", "timeout", "lost"])
 def test_every_final_state_ends_the_wait(state: str) -> None:
     launch = Launch([{"state": state, "ready": False}], [])
-    assert cli_apps._wait_ready(launch, 7, poll_s=0)["state"] == state  # type: ignore[arg-type]
+    assert apps.wait_ready(launch, 7, poll_s=0)["state"] == state  # type: ignore[arg-type]

@@ -185,7 +185,7 @@ OWN_DECISION = re.compile(
     rf"{OWNER}\s*(?:==|!=)\s*\w+\.user\b|\w+\.user\s*(?:==|!=)\s*\w+{OWNER}"
     rf"|\w+\.user\s+(?:not\s+)?in\s+\w+{OWNER}"
 )
-ADAPTERS = ("broker/api", "broker/web", "broker/mcp")
+ADAPTERS = ("broker/api", "broker/web", "broker/mcp", "broker/tasks")  # and the task service
 
 
 def test_no_adapter_decides_ownership_itself() -> None:
@@ -217,7 +217,7 @@ def test_authz_imports_no_web_framework() -> None:
 
 
 def test_the_create_path_makes_no_app_task_that_skipped_the_apps_rules() -> None:
-    from broker.api.create import new_task
+    from broker.tasks.create import new_task
 
     spec = TaskSpec(command=("true",), resource="cpu", kind="application", app={"name": "echo"})
     with pytest.raises(NotPermitted, match="klique app launch echo"):

@@ -12,10 +12,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from scripted_transport import Answer, ScriptedTransport
+from helpers.estates import batch_estate
+from helpers.scripted_transport import Answer, ScriptedTransport
 
 from broker.domain import Task, TaskState
-from broker.estate import parse_estate
 from broker.pools.base import Context
 from broker.pools.lsf import LsfDriver
 from broker.pools.pbs import PbsDriver
@@ -25,21 +25,11 @@ from broker.transport import Completed
 DATA = Path(__file__).resolve().parents[1] / "data"
 
 
-def estate_of(kind: str, settings: str = "") -> Any:
-    """An estate of one batch pool `p` of `kind` for alice and bob, with more `settings`."""
-    return parse_estate(
-        f"""
-resources:
-  r: {{profile: {{pools: [p], cpus: 1, walltime: 5s}}}}
-pools:
-  p: {{kind: {kind}, job_root: /jobs, poll_interval: 1s, lost_after: 1s,
-      user_map: {{alice: alice, bob: bob}}{settings}}}
-"""
-    )
+TORQUE = {"dialect": "torque"}
 
 
-def pool_of(settings: str, answer: Answer, files: Mapping[str, bytes] | None = None):
-    estate = estate_of("pbs", settings)
+def pool_of(settings: Mapping[str, Any], answer: Answer, files: Mapping[str, bytes] | None = None):
+    estate = batch_estate("pbs", **settings)
     context = Context(estate, Path("."), Path("klique-runner.pyz"), None)
     transport = ScriptedTransport(answer, files)
     return PbsDriver(estate.pools["p"], context, transport), transport, estate
@@ -57,7 +47,6 @@ def running(estate: Any, task_id: int, owner: str, native_id: str) -> Task:
 
 
 def poll(driver: PbsDriver, tasks: Sequence[Task]) -> dict[int, Any]:
-    driver._next_poll = 0.0  # the test decides when a cycle comes
     return asyncio.run(driver.poll(tasks))
 
 
@@ -87,7 +76,7 @@ def status_queries(transport: ScriptedTransport) -> list[tuple[list[str], str]]:
 
 
 def test_a_server_that_hides_other_users_jobs_is_asked_once_per_account(caplog):
-    driver, transport, estate = pool_of(", dialect: torque", torque_hiding_others, EXIT_OK)
+    driver, transport, estate = pool_of(TORQUE, torque_hiding_others, EXIT_OK)
     tasks = [running(estate, 1, "alice", "1.tq"), running(estate, 2, "bob", "2.tq")]
     with caplog.at_level(logging.WARNING, "klique.pools"):
         seen = poll(driver, tasks)
@@ -106,7 +95,7 @@ def test_a_server_that_hides_other_users_jobs_is_asked_once_per_account(caplog):
 
 def test_status_per_account_set_in_the_estate_asks_per_account_from_the_start():
     driver, transport, estate = pool_of(
-        ", dialect: torque, status_per_account: true", torque_hiding_others, EXIT_OK
+        {**TORQUE, "status_per_account": True}, torque_hiding_others, EXIT_OK
     )
     tasks = [running(estate, 1, "alice", "1.tq"), running(estate, 2, "bob", "2.tq")]
     seen = poll(driver, tasks)
@@ -117,7 +106,7 @@ def test_status_per_account_set_in_the_estate_asks_per_account_from_the_start():
 
 def test_with_status_per_account_false_a_refusal_is_the_pools_error():
     driver, transport, estate = pool_of(
-        ", dialect: torque, status_per_account: false", torque_hiding_others
+        {**TORQUE, "status_per_account": False}, torque_hiding_others
     )
     tasks = [running(estate, 1, "alice", "1.tq"), running(estate, 2, "bob", "2.tq")]
     try:
@@ -145,7 +134,7 @@ def torque_silent_on_others_arrays(argv: list[str], account: str) -> Completed:
 
 
 def test_torque_hiding_other_accounts_arrays_is_read_from_the_server_at_start():
-    driver, transport, estate = pool_of(", dialect: torque", torque_silent_on_others_arrays)
+    driver, transport, estate = pool_of(TORQUE, torque_silent_on_others_arrays)
     tasks = [
         replace(running(estate, 1, "alice", "10[1].tq"), state=TaskState.PENDING),
         replace(running(estate, 2, "bob", "11[1].tq"), state=TaskState.PENDING),
@@ -163,7 +152,7 @@ def test_torque_hiding_other_accounts_arrays_is_read_from_the_server_at_start():
 def test_torques_listing_for_a_lost_submit_reply_runs_as_each_account():
     """A task whose submission's outcome is unknown is looked for in a listing without ids,
     which Torque filters to the asker's own jobs: it runs as each account."""
-    driver, transport, estate = pool_of(", dialect: torque", torque_silent_on_others_arrays)
+    driver, transport, estate = pool_of(TORQUE, torque_silent_on_others_arrays)
     unknown = replace(running(estate, 2, "bob", "11[1].tq"), state=TaskState.PLACED)
     asyncio.run(driver.check())
     transport.calls.clear()
@@ -204,7 +193,7 @@ def lsf_at_level(level: int) -> Any:
 def test_lsfs_secure_job_info_level_is_read_at_start_and_status_runs_per_account():
     found = []
     for level in (0, 1):
-        estate = estate_of("lsf")
+        estate = batch_estate("lsf")
         context = Context(estate, Path("."), Path("klique-runner.pyz"), None)
         transport = ScriptedTransport(lsf_at_level(level))
         driver = LsfDriver(estate.pools["p"], context, transport)
@@ -236,7 +225,7 @@ def pbs_without_history(argv: list[str], account: str) -> Completed:
 
 
 def test_a_pbs_server_without_history_is_asked_without_x_for_the_rest_of_its_life(caplog):
-    driver, transport, estate = pool_of("", pbs_without_history)
+    driver, transport, estate = pool_of({}, pbs_without_history)
     task = running(estate, 1, "alice", "4323.pbs01")
     with caplog.at_level(logging.WARNING, "klique.pools"):
         assert poll(driver, [task]) == {}  # running, as it was
@@ -260,7 +249,7 @@ def test_a_job_that_left_a_history_less_server_is_decided_by_its_files():
         "/jobs/klique-2/exit.json": json.dumps(signalled).encode(),
         "/jobs/klique-2/pbs.out": b"",
     }
-    driver, _, estate = pool_of("", pbs_without_history, files)
+    driver, _, estate = pool_of({}, pbs_without_history, files)
     tasks = [running(estate, 1, "alice", "4401.pbs01"), running(estate, 2, "alice", "4402.pbs01")]
     seen = poll(driver, tasks)
     assert seen[1].state is TaskState.TIMEOUT and "walltime" in seen[1].reason
@@ -273,13 +262,13 @@ def test_an_unreadable_record_leaves_its_task_alone_and_the_others_go_on(caplog)
     text = '{"pbs_server":"pbs01","Jobs":{' + bad + "," + good + "}}"
     exit_ok = {"exit_code": 0, "outcome": "completed", "reason": "exited with code 0"}
     files = {"/jobs/klique-2/exit.json": json.dumps(exit_ok).encode()}
-    driver, _, estate = pool_of("", lambda argv, account: Completed(0, text, ""), files)
+    driver, _, estate = pool_of({}, lambda argv, account: Completed(0, text, ""), files)
     tasks = [running(estate, 1, "alice", "4323.pbs01"), running(estate, 2, "alice", "4325.pbs01")]
     with caplog.at_level(logging.WARNING, "klique.pools"):
         for _ in range(3):
             seen = poll(driver, tasks)
             assert 1 not in seen
-            assert 1 not in driver._missing_since  # listed: never on its way to LOST
+            assert 1 not in driver.memory.missing_since  # listed: never on its way to LOST
     assert seen[2].state is TaskState.COMPLETED
     logged = [r.getMessage() for r in caplog.records if "could not be read" in r.getMessage()]
     assert len(logged) == 1 and "4323.pbs01" in logged[0]

@@ -1,8 +1,8 @@
-"""When a pool is asked again for the ends runners claimed (broker/pools/base.py: ClaimedEnds):
+"""When a pool is asked again for the ends runners claimed (broker/agents/timing.py: ClaimedEnds):
 soon after a new claim, then less and less often while the same claims wait, never more often
 than CONFIRM_S nor less often than the pool's interval."""
 
-from broker.pools.base import CONFIRM_S, ClaimedEnds
+from broker.agents.timing import CONFIRM_S, ClaimedEnds
 
 
 def test_without_claims_the_pool_is_looked_at_at_its_interval() -> None:

@@ -6,21 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
 
 import pytest
 
-from broker.api import creations as module
-from broker.api.creations import Creations
 from broker.domain import TaskSpec, TaskState
-from broker.store.repository import Store
-
-
-@pytest.fixture
-def store(tmp_path) -> Iterator[Store]:
-    opened = Store.open(f"sqlite:///{tmp_path / 'k.db'}")
-    yield opened
-    opened.close()
+from broker.tasks import creations as module
+from broker.tasks.creations import Creations
 
 
 def spec(name: str) -> TaskSpec:

@@ -1,5 +1,5 @@
 """The tunnel's flow control (inside_job/frames.py): a sender's credit and a receiver's account of
-one stream, the WINDOW frame, and the server's side of a stream (broker/routes/hub.py), which
+one stream, the WINDOW frame, and the server's side of a stream (broker/route_proxy/hub.py), which
 holds at most a window of an app's data and closes a stream that goes past it."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from broker.routes.hub import CONTROLS_HELD, MAX_STREAMS, Instance, StreamsFull
+from broker.route_proxy.hub import CONTROLS_HELD, MAX_STREAMS, Instance, StreamsFull
 from inside_job import frames
 
 W = 1000  # a small window keeps the arithmetic readable

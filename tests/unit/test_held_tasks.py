@@ -3,11 +3,11 @@ tasks the store wrote since the last one, and sees every change; the queue's rea
 
 from __future__ import annotations
 
+from broker.control import held as held_module
+from broker.control.held import HeldTasks
+from broker.control.queue import QueueCache
 from broker.domain import TaskSpec, TaskState
-from broker.scheduler import held as held_module
-from broker.scheduler.held import HeldTasks
-from broker.scheduler.link import HOLDING
-from broker.scheduler.queue import QueueCache
+from broker.execution import HOLDING
 from broker.store.repository import Store
 
 S = TaskState

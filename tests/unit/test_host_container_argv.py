@@ -7,14 +7,16 @@ import asyncio
 import os
 import pwd
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import estates
+from helpers.estates import profile
 
-from broker.domain import Task, TaskSpec, TaskState
+from broker.domain import Estate, Task, TaskSpec, TaskState
 from broker.errors import EstateError, NotPermitted, SubmitError
-from broker.estate import parse_estate
 from broker.pools.base import Context
 from broker.pools.host import HostDriver
 from broker.pools.host_docker import (
@@ -29,30 +31,31 @@ from broker.pools.host_docker import (
 )
 from broker.pools.registry import make_driver
 
-ESTATE = """
-resources:
-  cpu: {{profile: {{cpus: 1, memory: 1G, walltime: 2h, pools: [box]}}}}
-  half: {{profile: {{gpu_fraction: 0.5, cpus: 1, memory: 1G, walltime: 1h, pools: [box]}}}}
-  two: {{profile: {{gpus: 2, cpus: 1, memory: 1G, walltime: 1h, pools: [box]}}}}
-pools:
-  box:
-    kind: host
-    gpus: 4
-    gpu_memory: 80G
-    user_map: {{alice: alice}}
-    job_root: /tmp
-{extra}
-"""
-DOCKER = "    mode: docker\n"
+RESOURCES = {
+    "cpu": profile("box", cpus=1, memory="1G", walltime="2h"),
+    "half": profile("box", gpu_fraction=0.5, cpus=1, memory="1G", walltime="1h"),
+    "two": profile("box", gpus=2, cpus=1, memory="1G", walltime="1h"),
+}
+BOX = {
+    "kind": "host",
+    "gpus": 4,
+    "gpu_memory": "80G",
+    "user_map": {"alice": "alice"},
+    "job_root": "/tmp",
+}
+DOCKER = {"mode": "docker"}
 
 
-def estate(extra: str = DOCKER):
-    return parse_estate(ESTATE.format(extra=extra))
+def estate(settings: Mapping[str, Any] = DOCKER, **others: Mapping[str, Any]) -> Estate:
+    """The host pool `box` with these settings besides BOX's (docker mode unless told), and
+    the `others` pools."""
+    pools = {"box": {**BOX, **settings}, **others}
+    return estates.estate("<estate>", resources=RESOURCES, pools=pools)
 
 
-def refusal(extra: str) -> str:
+def refusal(settings: Mapping[str, Any], **others: Mapping[str, Any]) -> str:
     with pytest.raises(EstateError) as caught:
-        estate(extra)
+        estate(settings, **others)
     return str(caught.value)
 
 
@@ -135,7 +138,7 @@ def test_a_docker_scheme_is_dropped():
 
 
 def test_a_task_without_an_image_runs_in_the_pools_and_its_own_image_wins(tmp_path: Path):
-    e = estate(DOCKER + "    image: docker://localhost/python:3.11\n")
+    e = estate({**DOCKER, "image": "docker://localhost/python:3.11"})
     driver = make_driver(e.pools["box"], Context(e, tmp_path, tmp_path / "r.pyz", None))
     assert isinstance(driver, DockerHostDriver)
     assert image_of(task(image=None), driver.image) == "localhost/python:3.11"
@@ -144,16 +147,16 @@ def test_a_task_without_an_image_runs_in_the_pools_and_its_own_image_wins(tmp_pa
 
 @pytest.mark.parametrize("image", ["/srv/images/py.sif", "--privileged", "py:3 -v /:/h"])
 def test_a_pool_image_that_is_not_a_reference_is_refused_at_load(image):
-    words = refusal(DOCKER + f"    image: {image!r}\n")
+    words = refusal({**DOCKER, "image": image})
     assert "the pool's image" in words and "box" in words
 
 
 def test_a_docker_mode_pool_gets_the_container_driver(tmp_path: Path):
-    e = estate(DOCKER + "    run_args: ['--ulimit=nproc=1000:1000']\n")
+    e = estate({**DOCKER, "run_args": ["--ulimit=nproc=1000:1000"]})
     driver = make_driver(e.pools["box"], Context(e, tmp_path, tmp_path / "r.pyz", None))
     assert isinstance(driver, DockerHostDriver)
     assert driver.run_args == ("--ulimit=nproc=1000:1000",) and driver.python == "python3"
-    plain = estate("")
+    plain = estate({})
     assert type(make_driver(plain.pools["box"], Context(plain, tmp_path, tmp_path, None))) is (
         HostDriver
     )
@@ -185,46 +188,44 @@ def test_the_runner_is_told_its_gpus_from_0_and_a_fractions_memory_cap(tmp_path:
     ],
 )
 def test_run_args_that_mount_add_privileges_or_change_the_user_are_refused(arg):
-    words = refusal(DOCKER + f"    run_args: [{arg!r}]\n")
+    words = refusal({**DOCKER, "run_args": [arg]})
     assert "run_args" in words and "is not allowed" in words and "--ulimit=..." in words
 
 
 def test_container_settings_need_docker_mode_and_exclude_a_runner_runtime():
-    assert "docker mode only" in refusal("    runtime: docker\n")
-    assert "docker mode only" in refusal("    image: localhost/python:3.11\n")
-    assert "container_runtime" in refusal(DOCKER + "    container_runtime: apptainer\n")
-    assert "only its job folder" in refusal(DOCKER + "    cache_dir: /srv/cache\n")
-    assert "CDI device kind" in refusal(DOCKER + "    gpu_device: 'nvidia.com/gpu --x'\n")
-    assert "mode" in refusal("    mode: kubernetes\n")
+    assert "docker mode only" in refusal({"runtime": "docker"})
+    assert "docker mode only" in refusal({"image": "localhost/python:3.11"})
+    assert "container_runtime" in refusal({**DOCKER, "container_runtime": "apptainer"})
+    assert "only its job folder" in refusal({**DOCKER, "cache_dir": "/srv/cache"})
+    assert "CDI device kind" in refusal({**DOCKER, "gpu_device": "nvidia.com/gpu --x"})
+    assert "mode" in refusal({"mode": "kubernetes"})
 
 
 def test_gpu_ids_name_the_pools_gpus_and_say_how_many():
-    pool = estate("    gpu_ids: [7, 2, 3, 5]\n").pools["box"]  # with the template's gpus: 4
+    pool = estate({"gpu_ids": [7, 2, 3, 5]}).pools["box"]  # with the template's gpus: 4
     assert (pool.gpus, pool.devices) == (4, (7, 2, 3, 5))
-    assert estate("").pools["box"].devices == (0, 1, 2, 3)
-    words = refusal("    gpu_ids: [2, 3]\n")
+    assert estate({}).pools["box"].devices == (0, 1, 2, 3)
+    words = refusal({"gpu_ids": [2, 3]})
     assert "gpus is 4 but gpu_ids names 2" in words and "fix" in words
 
 
 def test_two_pools_naming_the_same_gpu_are_refused():
-    other = "  other:\n    kind: host\n    gpu_ids: [3, 4]\n"
-    words = str(
-        pytest.raises(
-            EstateError, parse_estate, ESTATE.format(extra="    gpu_ids: [0, 1, 2, 3]\n" + other)
-        ).value
-    )
+    other = {"kind": "host", "gpu_ids": [3, 4]}
+    words = refusal({"gpu_ids": [0, 1, 2, 3]}, other=other)
     assert "pools.other.gpu_ids" in words and "GPU 3 belongs to pool box as well" in words
 
 
-@pytest.mark.parametrize("ids", ["[1, 1]", "[-1]", "[]", "['a']"])
-def test_gpu_ids_that_are_not_distinct_gpu_numbers_are_refused(ids: str):
-    assert "gpu_ids" in refusal(f"    gpu_ids: {ids}\n")
+@pytest.mark.parametrize("ids", [[1, 1], [-1], [], ["a"]])
+def test_gpu_ids_that_are_not_distinct_gpu_numbers_are_refused(ids: list[object]):
+    assert "gpu_ids" in refusal({"gpu_ids": ids})
 
 
-def observe(tmp_path: Path, extra: str, started_at: float, alive: bool) -> tuple[Any, list]:
+def observe(
+    tmp_path: Path, settings: Mapping[str, Any], started_at: float, alive: bool
+) -> tuple[Any, list]:
     """What the driver makes of a task whose container is (not) running and left no exit file,
     with the runtime's commands recorded instead of run."""
-    e = estate(extra)
+    e = estate(settings)
     driver = make_driver(e.pools["box"], Context(e, tmp_path, tmp_path / "r.pyz", None))
     assert isinstance(driver, DockerHostDriver)
     commands: list[list[str]] = []
@@ -254,11 +255,11 @@ def test_a_container_gone_past_its_walltime_is_a_timeout_and_before_it_is_lost(t
 
 def test_docker_has_no_timeout_so_the_driver_stops_a_task_past_its_walltime(tmp_path):
     seen, commands = observe(
-        tmp_path, DOCKER + "    runtime: docker\n", time.time() - 3 * 3600, True
+        tmp_path, {**DOCKER, "runtime": "docker"}, time.time() - 3 * 3600, True
     )
     assert commands[0][1:] == ["stop", "--time=10", "klique-7-1-abcdef"]
     assert seen.state is TaskState.TIMEOUT
-    _, none = observe(tmp_path, DOCKER + "    runtime: docker\n", time.time(), alive=True)
+    _, none = observe(tmp_path, {**DOCKER, "runtime": "docker"}, time.time(), alive=True)
     assert none == []
 
 

@@ -6,7 +6,7 @@ import pytest
 
 from broker.errors import EstateError
 from broker.estate import parse_estate
-from broker.identity.config import is_admin, team_for
+from broker.identity.teams import is_admin, team_for
 
 BASE = """
 teams: {vision: [carol], language: []}

@@ -12,11 +12,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from scripted_transport import ScriptedTransport
+from helpers.scripted_transport import ScriptedTransport
 
 from broker.domain import Task, TaskState
+from broker.execution import Submission
 from broker.pools.arrays import ARRAY_NAME, array_name, dispatcher, elements_of
-from broker.pools.base import Context, Submission
+from broker.pools.base import Context
 from broker.pools.batch import BatchDriver
 from broker.pools.slurm import SlurmDriver, parse_squeue
 from broker.preview import sample_task
@@ -110,7 +111,6 @@ def found_after_restart(
 
     transport = ScriptedTransport(answer, {f"{folder}/job.sh": script.encode()})
     driver.transport = transport
-    driver._next_poll = 0.0
     news = asyncio.run(driver.poll(tasks))
     return {t.id: (news[t.id].state, str(news[t.id].native_id)) for t in tasks}, transport
 
@@ -267,7 +267,6 @@ def test_the_clusters_max_array_size_bounds_each_array(tmp_path: Path) -> None:
         return Completed(0, config if argv[0] == "scontrol" else "", "")
 
     driver.transport = ScriptedTransport(answer)
-    driver._next_poll = 0.0
     asyncio.run(driver.poll([]))
     sweep = [task(driver, n, "small", sweep=8) for n in range(1, 11)]
     assert [len(b) for b in driver.batches(sweep)] == [4, 4, 2]
@@ -361,7 +360,6 @@ def test_a_restarted_server_finds_each_task_in_its_pbs_array_by_the_dispatcher(
 
     adopted = [replace(t, state=found[t.id][0], native_id=found[t.id][1]) for t in tasks]
     transport.calls.clear()
-    driver._next_poll = 0.0
     asyncio.run(driver.poll(adopted))
     assert [argv for argv, _ in transport.calls if argv[:2] == ["qstat", "-x"]] == [
         ["qstat", "-x", "-t", "-f", "-F", "json", "81[].pbs01"]
@@ -385,7 +383,6 @@ def test_the_pbs_servers_max_array_size_bounds_each_array(tmp_path: Path) -> Non
     for attributes in ({"max_array_size": 4}, {"server_state": "Active"}):
         driver = PbsDriver(estate.pools["p"], context, ScriptedTransport(server(attributes)))
         assert driver.max_array == 1000  # until the server has answered
-        driver._next_poll = 0.0
         asyncio.run(driver.poll([]))
         sweep = [task(driver, n, "small", sweep=8) for n in range(1, 11)]
         sizes.append([len(b) for b in driver.batches(sweep)])

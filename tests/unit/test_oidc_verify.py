@@ -11,8 +11,8 @@ import pytest
 from joserfc import jwt
 from joserfc.jwk import KeySet, OctKey, RSAKey
 
-from broker.identity.config import OidcFile
 from broker.identity.oidc import InvalidToken, Provider
+from broker.identity_settings import OidcFile
 
 ISSUER = "https://sso.example.com/realms/acme"
 KEY = RSAKey.generate_key(2048, parameters={"kid": "k1", "alg": "RS256"})

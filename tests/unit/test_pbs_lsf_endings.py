@@ -16,16 +16,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from scripted_transport import ScriptedTransport
-from sim_cluster import Cluster, simulated, wait_for
-from test_batch_status import estate_of
+from helpers.estates import batch_estate
+from helpers.scripted_transport import ScriptedTransport
+from helpers.sim_cluster import Cluster, simulated, wait_for
 
 from broker.domain import Task, TaskState
 from broker.estate import parse_estate
 from broker.pools.base import Context
 from broker.pools.batch import BatchDriver
 from broker.pools.lsf import LsfDriver
-from broker.pools.pbs import PBS_ALL_STATES, PbsDriver, parse_qstat_json
+from broker.pools.pbs import PbsDriver
+from broker.pools.pbs_parse import PBS_ALL_STATES, parse_qstat_json
 from broker.preview import sample_task
 from broker.transport import Completed
 from inside_job.spec import TaskSpec
@@ -33,9 +34,9 @@ from inside_job.spec import TaskSpec
 DATA = Path(__file__).resolve().parents[1] / "data"
 
 
-def driver_answering(kind: str, stdout: str, settings: str = "") -> tuple[BatchDriver, Any]:
+def driver_answering(kind: str, stdout: str, **settings: Any) -> tuple[BatchDriver, Any]:
     """A `kind` pool whose status command prints `stdout`; no exit file is found."""
-    estate = estate_of(kind, settings)
+    estate = batch_estate(kind, **settings)
     context = Context(estate, Path("."), Path("klique-runner.pyz"), None)
     transport = ScriptedTransport(lambda argv, account: Completed(0, stdout, ""))
     driver_class = PbsDriver if kind == "pbs" else LsfDriver
@@ -48,7 +49,6 @@ def task_of(estate: Any, native_id: str, state: TaskState = TaskState.RUNNING) -
 
 
 def poll(driver: BatchDriver, tasks: Sequence[Task]) -> dict[int, Any]:
-    driver._next_poll = 0.0  # the test decides when a cycle comes
     return asyncio.run(driver.poll(tasks))
 
 
@@ -148,7 +148,7 @@ def test_lsfs_term_preempt_is_a_preemption():
             "jobid jobindex stat user job_name exit_code exit_reason pend_reason suspend_reason"
         )
         shown = cluster.run("bjobs", "-a", "-o", fields, "-json", job_id).stdout
-    lsf, estate = driver_answering("lsf", shown, ", requeue_preempted: true")
+    lsf, estate = driver_answering("lsf", shown, requeue_preempted=True)
     seen = poll(lsf, [task_of(estate, job_id)])[1]
     assert (seen.state, seen.preempted) == (TaskState.FAILED, True)
     assert "TERM_PREEMPT" in seen.reason
@@ -199,7 +199,7 @@ def test_a_suspended_job_is_not_charged_unless_the_pool_says(kind, listing, stat
     driver, estate = driver_answering(kind, stdout)
     seen = poll(driver, [task_of(estate, job_id)])[1]
     assert (seen.state, seen.phase, seen.charged) == (TaskState.RUNNING, "suspended", False)
-    charging, estate = driver_answering(kind, stdout, ", charge_phases: [suspended]")
+    charging, estate = driver_answering(kind, stdout, charge_phases=["suspended"])
     seen = poll(charging, [task_of(estate, job_id)])[1]
     assert (seen.phase, seen.charged) == ("suspended", True)
 

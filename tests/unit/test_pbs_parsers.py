@@ -6,24 +6,24 @@ import json
 from pathlib import Path
 
 import pytest
-from scripted_transport import ScriptedTransport
+from helpers.scripted_transport import ScriptedTransport
 
 from broker.domain import TaskState
 from broker.errors import SubmitError, TemplateError, TransportError
 from broker.estate import parse_estate
 from broker.pools.base import Context
-from broker.pools.pbs import (
+from broker.pools.pbs import PbsDriver
+from broker.pools.pbs_json import repair
+from broker.pools.pbs_parse import (
     PBS_ALL_STATES,
     PBSPRO_EXEC_CODES,
     TORQUE_EXEC_CODES,
-    PbsDriver,
     ending,
     parse_qstat_json,
     parse_qstat_text,
     parse_qsub,
     qstat_text_jobs,
 )
-from broker.pools.pbs_json import repair
 from broker.preview import sample_task
 from broker.transport import Completed
 

@@ -5,11 +5,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from helpers.estates import estate_of
+
 from broker.domain import ComputeResource, Estate, Policy, Pool, Profile
+from broker.execution import PoolState
 from broker.scheduler.placement import (
     ActiveTask,
     PendingCode,
-    PoolState,
     QueuedTask,
     SchedulerInput,
     SchedulerOutput,
@@ -29,17 +31,6 @@ def slurm(name: str, max_queued: int = 10, max_wait_s: int | None = None) -> Poo
 
 def resource(name: str, *pools: str, **profile: Any) -> ComputeResource:
     return ComputeResource(name, Profile(pools=pools, **profile))
-
-
-def estate(
-    pools: list[Pool], resources: list[ComputeResource], policies: Sequence[Policy] = ()
-) -> Estate:
-    return Estate(
-        resources={r.name: r for r in resources},
-        pools={p.name: p for p in pools},
-        policies={p.team: p for p in policies},
-        teams={},
-    )
 
 
 def queued(task_id: int, resource: str = "1-gpu", team: str | None = "a", **kw: Any) -> QueuedTask:
@@ -72,13 +63,13 @@ def where(out: SchedulerOutput) -> dict[int, str]:
 
 
 def test_a_task_goes_to_the_first_pool_in_its_order_that_can_start_it() -> None:
-    e = estate([host("box", gpus=1), slurm("hpc")], [resource("1-gpu", "box", "hpc", gpus=1)])
+    e = estate_of([host("box", gpus=1), slurm("hpc")], [resource("1-gpu", "box", "hpc", gpus=1)])
     out = cycle(e, [queued(1), queued(2)])
     assert where(out) == {1: "box", 2: "hpc"}
 
 
 def test_whole_gpus_need_whole_free_gpus() -> None:
-    e = estate([host("box", gpus=4)], [resource("2-gpu", "box", gpus=2)])
+    e = estate_of([host("box", gpus=4)], [resource("2-gpu", "box", gpus=2)])
     out = cycle(e, [queued(i, "2-gpu") for i in (1, 2, 3)])
     assert {d.task_id: d.gpus for d in out.placements} == {1: (0, 1), 2: (2, 3)}
     assert out.pending[3].primary is PendingCode.NO_CAPACITY
@@ -86,7 +77,7 @@ def test_whole_gpus_need_whole_free_gpus() -> None:
 
 
 def test_fractions_pack_onto_the_fullest_gpu_that_fits() -> None:
-    e = estate(
+    e = estate_of(
         [host("box", gpus=2)],
         [
             resource("half", "box", gpu_fraction=0.5),
@@ -107,7 +98,7 @@ def test_fractions_pack_onto_the_fullest_gpu_that_fits() -> None:
 
 
 def test_gpu_memory_counts_as_a_share_of_one_gpu() -> None:
-    e = estate(
+    e = estate_of(
         [host("box", gpus=2, memory=40_000)],
         [
             resource("30g", "box", gpu_memory_mb=30_000),
@@ -132,7 +123,7 @@ def test_gpu_memory_counts_as_a_share_of_one_gpu() -> None:
 
 
 def test_running_tasks_keep_the_gpus_they_were_given() -> None:
-    e = estate(
+    e = estate_of(
         [host("box", gpus=2)],
         [resource("half", "box", gpu_fraction=0.5), resource("1-gpu", "box", gpus=1)],
     )
@@ -143,7 +134,7 @@ def test_running_tasks_keep_the_gpus_they_were_given() -> None:
 def test_pools_that_split_a_hosts_gpus_give_out_only_their_own() -> None:
     low = Pool("low", "host", slots=4, gpus=2, gpu_ids=(0, 1))
     high = Pool("high", "host", slots=4, gpus=2, gpu_ids=(2, 3))
-    e = estate(
+    e = estate_of(
         [low, high],
         [resource("1-gpu", "low", "high", gpus=1), resource("half", "high", gpu_fraction=0.5)],
     )
@@ -156,28 +147,28 @@ def test_pools_that_split_a_hosts_gpus_give_out_only_their_own() -> None:
 
 
 def test_host_slots_are_counted() -> None:
-    e = estate([host("box", gpus=0, slots=2)], [resource("cpu", "box")])
+    e = estate_of([host("box", gpus=0, slots=2)], [resource("cpu", "box")])
     out = cycle(e, [queued(i, "cpu") for i in (1, 2, 3)])
     assert where(out) == {1: "box", 2: "box"}
     assert out.pending[3].pools == {"box": "all 2 slots in use"}
 
 
 def test_a_queueing_pool_starts_what_fits_then_queues_up_to_max_queued() -> None:
-    e = estate([slurm("hpc", max_queued=3)], [resource("1-gpu", "hpc", gpus=1)])
+    e = estate_of([slurm("hpc", max_queued=3)], [resource("1-gpu", "hpc", gpus=1)])
     out = cycle(e, [queued(i) for i in range(1, 6)], hpc=PoolState("hpc", free_gpus=2, queued=1))
     assert where(out) == {1: "hpc", 2: "hpc", 3: "hpc", 4: "hpc"}
     assert out.pending[5].pools == {"hpc": "needs 1 GPU, 0 free; at max_queued (3)"}
 
 
 def test_a_queueing_pool_that_reports_no_room_only_queues() -> None:
-    e = estate([slurm("hpc", max_queued=2)], [resource("cpu", "hpc")])
+    e = estate_of([slurm("hpc", max_queued=2)], [resource("cpu", "hpc")])
     out = cycle(e, [queued(i, "cpu") for i in (1, 2, 3)])
     assert where(out) == {1: "hpc", 2: "hpc"}
     assert out.pending[3].pools == {"hpc": "reports no free room; at max_queued (2)"}
 
 
 def test_klique_tasks_waiting_in_the_pool_count_against_max_queued() -> None:
-    e = estate([slurm("hpc", max_queued=2)], [resource("1-gpu", "hpc", gpus=1)])
+    e = estate_of([slurm("hpc", max_queued=2)], [resource("1-gpu", "hpc", gpus=1)])
     waiting = [ActiveTask(i, "u", "a", "1-gpu", "hpc", False, 900.0) for i in (7, 8)]
     out = cycle(e, [queued(1)], waiting)
     assert out.placements == []
@@ -185,7 +176,7 @@ def test_klique_tasks_waiting_in_the_pool_count_against_max_queued() -> None:
 
 
 def test_unreachable_pools_refuse_with_their_reason() -> None:
-    e = estate([host("box"), slurm("hpc")], [resource("1-gpu", "box", "hpc", gpus=1)])
+    e = estate_of([host("box"), slurm("hpc")], [resource("1-gpu", "box", "hpc", gpus=1)])
     reports = {"hpc": PoolState("hpc", reachable=False, reason="ssh: connection refused")}
     out = place(SchedulerInput(e, [queued(1)], [], reports, now=0.0))
     assert out.placements == []
@@ -199,7 +190,7 @@ def test_unreachable_pools_refuse_with_their_reason() -> None:
 
 
 def test_a_task_that_does_not_fit_holds_back_nobody_else() -> None:
-    e = estate(
+    e = estate_of(
         [host("box", gpus=4), slurm("hpc", max_queued=0)],
         [
             resource("4-gpu", "box", gpus=4),
@@ -223,7 +214,7 @@ def test_a_task_that_does_not_fit_holds_back_nobody_else() -> None:
 
 
 def _spill_estate() -> Estate:
-    return estate(
+    return estate_of(
         [slurm("hpc", max_wait_s=600), host("box")], [resource("1-gpu", "hpc", "box", gpus=1)]
     )
 
@@ -265,7 +256,7 @@ def each_reason_cycle() -> SchedulerOutput:
     """A cycle in which task 1 is placed and every other waits for a reason of its own: 2 for
     capacity, 3 over its team's limit, 4 not in its team's policy, 5 in no team, 7 in the
     pool's own queue."""
-    e = estate(
+    e = estate_of(
         [slurm("hpc", max_queued=1), host("box", gpus=0)],
         [resource("1-gpu", "hpc", gpus=1), resource("8-gpu", "hpc", gpus=8)],
         [Policy("a", ("1-gpu",), limit={"1-gpu": 3})],
@@ -295,7 +286,7 @@ def test_each_pending_task_gets_the_first_reason_that_applies() -> None:
 
 
 def test_breakdown_names_room_held_by_borrowers() -> None:
-    e = estate(
+    e = estate_of(
         [host("box", gpus=8, slots=16)],
         [resource("2-gpu", "box", gpus=2), resource("1-gpu", "box", gpus=1)],
     )
@@ -306,7 +297,7 @@ def test_breakdown_names_room_held_by_borrowers() -> None:
 
 
 def test_reasons_are_the_same_each_cycle_while_nothing_changes() -> None:
-    e = estate(
+    e = estate_of(
         [host("box", gpus=2), slurm("hpc", max_queued=1)],
         [resource("1-gpu", "box", "hpc", gpus=1), resource("2-gpu", "box", gpus=2)],
         [Policy("a", ("1-gpu", "2-gpu"), limit={"1-gpu": 4}), Policy("b", ("1-gpu",))],

@@ -12,10 +12,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from broker.domain import ComputeResource, Estate, Policy, Pool, Profile
+from broker.execution import PoolState
 from broker.scheduler.placement import (
     ActiveTask,
     PendingCode,
-    PoolState,
     QueuedTask,
     SchedulerInput,
     SchedulerOutput,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from helpers.estates import estate_of
+
 from broker.domain import ComputeResource, Estate, Policy, Pool, Profile
 from broker.scheduler.policy_check import policy_problems
 
@@ -16,12 +18,7 @@ def estate(*policies: Policy, gpus: int = 8, slurm: bool = False) -> Estate:
     ]
     pools = [Pool(name, "host", slots=16, gpus=gpus) for name in hosts]
     pools.append(Pool("hpc", "slurm", queueing=True))
-    return Estate(
-        resources={r.name: r for r in resources},
-        pools={p.name: p for p in pools},
-        policies={p.team: p for p in policies},
-        teams={},
-    )
+    return estate_of(pools, resources, policies)
 
 
 ALL = ("1-gpu", "half-gpu", "8-gpu")

@@ -8,35 +8,41 @@ import json
 import os
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
+from helpers import estates
+from helpers.estates import profile
 
 from broker.domain import Estate
-from broker.estate import parse_estate
 from broker.preview import sample_task
 from broker.server import build_app, public_url, serve
 from broker.store.repository import Store
 
-ESTATE = """
-{server}
-resources:
-  r: {{profile: {{cpus: 1, walltime: 5m, pools: [{pools}]}}}}
-pools:
-{pool_lines}
-"""
-POOLS = {
-    "slurm": "{kind: slurm, job_root: /jobs, user_map: {alice: alice}}",
-    "pbs": "{kind: pbs, job_root: /jobs, user_map: {alice: alice}}",
-    "lsf": "{kind: lsf, job_root: /jobs, user_map: {alice: alice}}",
-    "kube": "{kind: kubernetes, namespace: klique, server: 'http://127.0.0.1:1', installation: t}",
-    "here": "{kind: host, slots: 1, job_root: /jobs, user_map: {alice: alice}}",
+USER_MAP = {"job_root": "/jobs", "user_map": {"alice": "alice"}}
+POOLS: dict[str, dict[str, Any]] = {
+    "slurm": {"kind": "slurm", **USER_MAP},
+    "pbs": {"kind": "pbs", **USER_MAP},
+    "lsf": {"kind": "lsf", **USER_MAP},
+    "kube": {
+        "kind": "kubernetes",
+        "namespace": "klique",
+        "server": "http://127.0.0.1:1",
+        "installation": "t",
+    },
+    "here": {"kind": "host", "slots": 1, **USER_MAP},
 }
 PUBLIC = "http://klique.example.org:8765"
 
 
-def estate(*pools: str, server: str = "") -> Estate:
-    lines = "\n".join(f"  {name}: {POOLS[name]}" for name in pools)
-    return parse_estate(ESTATE.format(server=server, pools=", ".join(pools), pool_lines=lines))
+def estate(*pools: str, server: dict[str, str] | None = None) -> Estate:
+    """One compute resource `r` on these pools of POOLS, in order."""
+    return estates.estate(
+        "<estate>",
+        server=server,
+        resources={"r": profile(*pools, cpus=1, walltime="5m")},
+        pools={name: POOLS[name] for name in pools},
+    )
 
 
 @pytest.mark.parametrize("pool", ["slurm", "pbs", "lsf", "kube"])
@@ -50,7 +56,7 @@ def test_a_bind_address_that_reaches_nothing_is_refused_while_nodes_are_elsewher
 
 def test_a_stated_public_url_is_used_and_an_unspecified_one_is_refused() -> None:
     assert public_url(estate("slurm"), "0.0.0.0", 8765, PUBLIC + "/") == PUBLIC
-    stated = estate("slurm", server=f"server: {{public_url: '{PUBLIC}'}}")
+    stated = estate("slurm", server={"public_url": PUBLIC})
     assert public_url(stated, "0.0.0.0", 8765) == PUBLIC
     with pytest.raises(ValueError, match="public_url"):
         public_url(estate("slurm"), "127.0.0.1", 8765, "http://0.0.0.0:8765")
@@ -86,7 +92,7 @@ def test_every_pool_kind_tells_its_jobs_the_public_url_not_the_bind_address(
 
 
 def test_a_kubernetes_report_url_still_overrides_the_public_url(tmp_path: Path) -> None:
-    POOLS["kube2"] = POOLS["kube"][:-1] + ", report_url: 'http://klique.svc:8765'}"
+    POOLS["kube2"] = {**POOLS["kube"], "report_url": "http://klique.svc:8765"}
     try:
         e = estate("kube2")
     finally:

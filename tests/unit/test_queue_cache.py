@@ -3,8 +3,8 @@ tasks the store wrote since the last one, and sees every change."""
 
 from __future__ import annotations
 
+from broker.control.queue import QueueCache
 from broker.domain import TaskSpec, TaskState
-from broker.scheduler.queue import QueueCache
 from broker.store.repository import Store
 
 

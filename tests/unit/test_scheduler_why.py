@@ -3,9 +3,9 @@ cycle, or whose pool has said more since, is explained by what the store holds n
 
 from __future__ import annotations
 
+from broker.control.loop import Scheduler
 from broker.domain import TaskSpec, TaskState
 from broker.estate import builtin_estate
-from broker.scheduler.loop import Scheduler
 from broker.scheduler.model import PendingCode
 from broker.store.repository import Store
 

@@ -12,10 +12,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from broker.artifacts import ArtifactStore, TooLarge
-from broker.cli_sdk import comparison, draw
+from broker.artifacts import ArtifactStore
+from broker.cli.sdk import comparison, draw
 from broker.domain import TaskState, can_transition
-from broker.errors import EstateError
+from broker.errors import EstateError, TooLarge
 from broker.estate import parse_estate
 from klique import _environment
 from klique._step import _decode

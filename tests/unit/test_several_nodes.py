@@ -7,37 +7,45 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
-from test_placement import cycle, estate, host, queued, resource, slurm
+from helpers import estates
+from helpers.estates import estate_of, profile
+from test_placement import cycle, host, queued, resource, slurm
 
 from broker.domain import Pool
 from broker.errors import EstateError
-from broker.estate import load_estate, parse_estate
+from broker.estate import load_estate
+from broker.execution import PoolState
 from broker.pools.base import Context
 from broker.pools.lsf import LsfDriver
 from broker.pools.pbs import PbsDriver
 from broker.pools.slurm import SlurmDriver, parse_sinfo
 from broker.preview import sample_task
-from broker.scheduler.placement import PoolState
 from inside_job import gather, jobfiles, ranks
 from inside_job.errors import SetupFailed
 
 KINDS = {"slurm": SlurmDriver, "pbs": PbsDriver, "lsf": LsfDriver}
 
 
-def driver(kind: str, profile: str, settings: str = "", extra: str = ""):
-    the_estate = parse_estate(
-        f"""
-resources:
-  r:
-    profile: {{pools: [p], {profile}}}
-{extra}
-pools:
-  p: {{kind: {kind}, job_root: /scratch/klique, user_map: {{alice: alice}}{settings}}}
-"""
+def driver(
+    kind: str,
+    allocation: Mapping[str, Any],
+    settings: Mapping[str, Any] | None = None,
+    **sections: Any,
+):
+    """A pool `p` of `kind` with more `settings`, and a compute resource `r` of `allocation`
+    on it; other sections of the estate as `sections`."""
+    pool = {"kind": kind, "job_root": "/scratch/klique", "user_map": {"alice": "alice"}}
+    the_estate = estates.estate(
+        "<estate>",
+        resources={"r": profile("p", **allocation)},
+        pools={"p": {**pool, **(settings or {})}},
+        **sections,
     )
     context = Context(the_estate, Path("."), Path("klique-runner.pyz"), None)
     return KINDS[kind](the_estate.pools["p"], context), sample_task(the_estate, "r")
@@ -47,7 +55,7 @@ def lines(script: str, prefix: str) -> list[str]:
     return [line for line in script.splitlines() if line.startswith(prefix)]
 
 
-TWO_NODES = "nodes: 2, gpus: 4, cpus: 8, memory: 1G, walltime: 1h"
+TWO_NODES = {"nodes": 2, "gpus": 4, "cpus": 8, "memory": "1G", "walltime": "1h"}
 
 
 def test_slurm_asks_for_the_nodes_and_starts_one_runner_on_each_with_srun():
@@ -67,21 +75,13 @@ def test_slurm_asks_for_the_nodes_and_starts_one_runner_on_each_with_srun():
 
 
 def test_slurm_job_wide_gpus_count_every_node_and_the_checkpoint_signal_reaches_the_runners():
-    pool, task = driver(
-        "slurm",
-        TWO_NODES,
-        ", gpu_flag: gpus",
-    )
+    pool, task = driver("slurm", TWO_NODES, {"gpu_flag": "gpus"})
     assert "#SBATCH --gpus=8" in lines(pool.render(task), "#SBATCH")
-    signalled = parse_estate(
-        """
-resources:
-  r:
-    profile: {pools: [p], nodes: 2, walltime: 1h}
-    checkpoint_signal: {signal: USR1, before: 2m}
-pools:
-  p: {kind: slurm, job_root: /j, user_map: {alice: alice}}
-"""
+    signal = {"checkpoint_signal": {"signal": "USR1", "before": "2m"}}
+    signalled = estates.estate(
+        "<estate>",
+        resources={"r": {**profile("p", nodes=2, walltime="1h"), **signal}},
+        pools={"p": {"kind": "slurm", "job_root": "/j", "user_map": {"alice": "alice"}}},
     )
     context = Context(signalled, Path("."), Path("klique-runner.pyz"), None)
     pool = SlurmDriver(signalled.pools["p"], context)
@@ -90,7 +90,7 @@ pools:
 
 
 def test_one_node_keeps_the_single_runner_script():
-    pool, task = driver("slurm", "gpus: 1, cpus: 2, memory: 1G, walltime: 1h")
+    pool, task = driver("slurm", {"gpus": 1, "cpus": 2, "memory": "1G", "walltime": "1h"})
     script = pool.render(task)
     assert "--node" not in script and "srun" not in script and "--nodes" not in script
     assert script.rstrip().endswith(
@@ -107,7 +107,7 @@ def test_pbs_professional_scatters_chunks_and_starts_runners_with_pbsdsh():
 
 
 def test_torque_asks_for_nodes_and_starts_one_runner_a_host():
-    pool, task = driver("pbs", TWO_NODES, ", dialect: torque")
+    pool, task = driver("pbs", TWO_NODES, {"dialect": "torque"})
     script = pool.render(task)
     assert "#PBS -l nodes=2:ppn=8:gpus=4" in lines(script, "#PBS")
     assert "pbsdsh -u -- python3" in script
@@ -124,7 +124,7 @@ def test_lsf_puts_each_nodes_slots_on_a_host_and_starts_runners_with_blaunch():
 
 def test_an_estate_refuses_zero_nodes():
     with pytest.raises(EstateError, match="nodes"):
-        driver("slurm", "nodes: 0")
+        driver("slurm", {"nodes": 0})
 
 
 # -- ranks ----------------------------------------------------------------------------------
@@ -218,7 +218,7 @@ def test_a_rank_without_an_exit_file_fails_the_task(tmp_path):
 
 def test_a_task_on_several_nodes_waits_for_idle_nodes_and_never_goes_to_a_host_pool():
     pods = Pool("pods", "kubernetes", queueing=True)  # a queue, but a pod is on one node
-    the_estate = estate(
+    the_estate = estate_of(
         [host("box"), pods, slurm("hpc", max_queued=0)],
         [resource("pair", "box", "pods", "hpc", gpus=1, nodes=2)],
     )
@@ -282,7 +282,7 @@ def test_the_example_site_estate_renders_its_own_template(resource_name):
 
 def test_a_mail_domain_is_a_domain():
     with pytest.raises(EstateError, match="mail_domain: 'a;b' is not a mail domain; fix"):
-        driver("slurm", "cpus: 1", extra="mail_domain: 'a;b'")
+        driver("slurm", {"cpus": 1}, mail_domain="a;b")
 
 
 def test_a_runner_started_alone_for_a_task_on_several_nodes_refuses_it(tmp_path):

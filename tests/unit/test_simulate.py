@@ -3,43 +3,45 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
+from typing import Any
 
 import pytest
+from helpers import estates
+from helpers.estates import profile
 
 from broker.domain import Estate
 from broker.errors import KliqueError
-from broker.estate import parse_estate
-from broker.scheduler.placement import ActiveTask, PendingCode, PoolState, QueuedTask
-from broker.simulate import parse_trace, simulate
-
-BASE = """
-defaults: {{min_run: 0s, reclaim_grace: 0s}}
-teams:
-  vision: [alice]
-  nlp: [bob]
-resources:
-  1-gpu:
-    profile: {{gpus: 1, cpus: 1, memory: 1G, walltime: 1h, pools: [{order}]}}
-pools:
-  box:
-    kind: host
-    slots: 8
-    gpus: {gpus}
-  hpc:
-    kind: slurm
-    job_root: /tmp/jobs
-    max_queued: {max_queued}
-policies:
-  vision:
-    resources: [1-gpu]{vision}
-  nlp:
-    resources: [1-gpu]
-"""
+from broker.execution import PoolState
+from broker.scheduler.placement import ActiveTask, PendingCode, QueuedTask
+from broker.scheduler.simulate import parse_trace, simulate
 
 
-def estate(gpus: int = 1, order: str = "box", max_queued: int = 10, vision: str = "") -> Estate:
-    text = BASE.format(gpus=gpus, order=order, max_queued=max_queued, vision=vision)
-    return parse_estate(text, "new.yaml")
+def sections(
+    gpus: int = 1,
+    order: tuple[str, ...] = ("box",),
+    max_queued: int = 10,
+    vision: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A host pool `box` and a Slurm pool `hpc`; one compute resource on `order`; two teams,
+    each with a policy (vision's with more settings given as `vision`)."""
+    return {
+        "defaults": {"min_run": "0s", "reclaim_grace": "0s"},
+        "teams": {"vision": ["alice"], "nlp": ["bob"]},
+        "resources": {"1-gpu": profile(*order, gpus=1, cpus=1, memory="1G", walltime="1h")},
+        "pools": {
+            "box": {"kind": "host", "slots": 8, "gpus": gpus},
+            "hpc": {"kind": "slurm", "job_root": "/tmp/jobs", "max_queued": max_queued},
+        },
+        "policies": {
+            "vision": {"resources": ["1-gpu"], **(vision or {})},
+            "nlp": {"resources": ["1-gpu"]},
+        },
+    }
+
+
+def estate(**changes: Any) -> Estate:
+    return estates.estate("new.yaml", **sections(**changes))
 
 
 def q(task_id: int, owner: str = "alice", team: str | None = "vision") -> QueuedTask:
@@ -62,7 +64,9 @@ def test_more_gpus_let_every_queued_task_start() -> None:
 
 def test_a_second_pool_in_the_order_takes_the_overflow_up_to_max_queued() -> None:
     queue = [q(i) for i in range(1, 6)]
-    result = simulate(estate(gpus=1, order="box, hpc", max_queued=2), queue, [], STATES, now=9.0)
+    result = simulate(
+        estate(gpus=1, order=("box", "hpc"), max_queued=2), queue, [], STATES, now=9.0
+    )
     assert [v.pool for v in result.verdicts] == ["box", "hpc", "hpc", None, None]
     (team,) = result.teams
     assert (team.team, team.tasks, team.start, team.wait) == ("vision", 5, 3, 2)
@@ -70,12 +74,8 @@ def test_a_second_pool_in_the_order_takes_the_overflow_up_to_max_queued() -> Non
 
 
 def test_a_team_the_new_policy_leaves_out_would_wait_not_permitted() -> None:
-    new = parse_estate(
-        BASE.format(gpus=4, order="box", max_queued=10, vision="").replace(
-            "  nlp:\n    resources: [1-gpu]\n", ""
-        ),
-        "new.yaml",
-    )
+    vision_only = {**sections(gpus=4), "policies": {"vision": {"resources": ["1-gpu"]}}}
+    new = estates.estate("new.yaml", **vision_only)
     result = simulate(new, [q(1), q(2, "bob", "nlp")], [], STATES, now=5.0)
     verdict = {v.id: v for v in result.verdicts}
     assert verdict[1].pool == "box"
@@ -90,7 +90,7 @@ def test_a_team_the_new_policy_leaves_out_would_wait_not_permitted() -> None:
 
 def test_a_new_reservation_preempts_a_borrowed_run() -> None:
     borrowed = ActiveTask(7, "bob", "nlp", "1-gpu", "box", True, 0.0, borrowed=True, gpus=(0,))
-    new = estate(gpus=1, vision="\n    reservation: {1-gpu: 1}")
+    new = estate(gpus=1, vision={"reservation": {"1-gpu": 1}})
     result = simulate(new, [q(1)], [borrowed], STATES, now=5000.0)
     assert result.preempted == [7]
     assert result.verdicts[0].pool is None

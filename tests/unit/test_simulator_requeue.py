@@ -7,7 +7,7 @@ import json
 import os
 
 import pytest
-from sim_cluster import Cluster, as_account, simulated, wait_for
+from helpers.sim_cluster import Cluster, as_account, simulated, wait_for
 
 # qrerun is a PBS manager's or operator's command: root's, here.
 as_manager = pytest.mark.skipif(os.geteuid() != 0, reason="qrerun needs root, a PBS manager")

@@ -15,9 +15,9 @@ import time
 from pathlib import Path
 
 import pytest
-from sim_cluster import FAKES, Cluster, as_account, simulated, wait_for
+from helpers.sim_cluster import FAKES, Cluster, as_account, simulated, wait_for
 
-from broker.pools.pbs import qstat_text_jobs
+from broker.pools.pbs_parse import qstat_text_jobs
 
 FLAVORS = ["pbspro", "torque", "lsf"]
 

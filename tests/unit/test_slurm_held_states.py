@@ -13,14 +13,13 @@ import pytest
 from test_slurm_site_settings import poll, slurm_pool
 from test_slurm_states import placed_task, squeue_lines, task_in
 
+from broker.control.store_link import StoreLink
 from broker.domain import TaskState
-from broker.pools.base import Observation
-from broker.pools.batch import HELD_PHASE
+from broker.execution import Observation
+from broker.pools.reconcile import HELD_PHASE
 from broker.pools.slurm import SLURM_STATES, parse_squeue
-from broker.scheduler.link import StoreLink
 from broker.scheduler.model import ActiveTask
 from broker.scheduler.reasons import pool_queue_reasons
-from broker.store.repository import Store
 
 DATA = Path(__file__).parent.parent / "data" / "slurm"
 
@@ -89,22 +88,17 @@ def test_expediting_waits_and_revoked_runs_on_another_cluster():
     ("requeue", "again"), [("klique", True), ("slurm", False), ("none", False)]
 )
 def test_node_fail_is_run_again_by_klique_only_under_requeue_klique(requeue, again):
-    driver, _, estate = slurm_pool(squeue_lines(["NODE_FAIL|NodeDown|0"]), f", requeue: {requeue}")
+    driver, _, estate = slurm_pool(squeue_lines(["NODE_FAIL|NodeDown|0"]), requeue=requeue)
     seen = poll(driver, [task_in(estate, TaskState.RUNNING)])[1]
     assert (seen.state, seen.retry) == (TaskState.LOST, again)
     assert "its node failed" in seen.reason
 
 
 def test_node_fail_under_requeue_klique_goes_again_a_few_times_only():
-    driver, _, estate = slurm_pool(squeue_lines(["NODE_FAIL|NodeDown|0"]), ", requeue: klique")
+    driver, _, estate = slurm_pool(squeue_lines(["NODE_FAIL|NodeDown|0"]), requeue="klique")
     seen = poll(driver, [task_in(estate, TaskState.RUNNING, attempts=3)])[1]
     assert (seen.state, seen.retry) == (TaskState.LOST, False)
     assert "its node failed in 3 attempts" in seen.reason
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Store:
-    return Store.open(f"sqlite:///{tmp_path}/klique.db")
 
 
 def test_a_held_task_is_explained_by_klique_why(store):

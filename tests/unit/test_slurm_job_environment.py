@@ -14,7 +14,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from confined_helper import confined_helper
+from helpers.confined import confined_helper
 
 from broker.errors import EstateError
 from broker.estate import parse_estate

@@ -11,14 +11,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from scripted_transport import Answer, ScriptedTransport
-from test_batch_status import estate_of, running
+from helpers import estates
+from helpers.estates import batch_estate, profile
+from helpers.scripted_transport import Answer, ScriptedTransport
+from test_batch_status import running
 
 from broker.domain import TaskState
 from broker.errors import KliqueError, SubmitError, SubmitUnknown, TransportError
-from broker.estate import parse_estate
 from broker.pools.base import Context
-from broker.pools.slurm import SlurmDriver, parse_private_data, status_mode
+from broker.pools.settings import settings_as
+from broker.pools.slurm import SlurmDriver, SlurmSettings, parse_private_data, status_mode
 from broker.preview import sample_task
 from broker.transport import Completed
 
@@ -36,8 +38,8 @@ class SubmittingTransport(ScriptedTransport):
         return await self.run(then, account=account)
 
 
-def slurm_pool(answer: Answer, settings: str = "") -> tuple[SlurmDriver, SubmittingTransport, Any]:
-    estate = estate_of("slurm", settings)
+def slurm_pool(answer: Answer, **settings: Any) -> tuple[SlurmDriver, SubmittingTransport, Any]:
+    estate = batch_estate("slurm", **settings)
     context = Context(estate, Path("."), Path(__file__), None)
     transport = SubmittingTransport(answer)
     return SlurmDriver(estate.pools["p"], context, transport), transport, estate
@@ -65,7 +67,6 @@ def squeue_hiding_others(config: str) -> Answer:
 
 
 def poll(driver: SlurmDriver, tasks: Sequence[Any]) -> dict[int, Any]:
-    driver._next_poll = 0.0
     return asyncio.run(driver.poll(tasks))
 
 
@@ -120,7 +121,7 @@ def test_a_status_account_is_the_one_query_under_private_data():
             return Completed(0, "11|klique-1|RUNNING|None|\n12|klique-2|PENDING|Priority|\n", "")
         return squeue_hiding_others(PRIVATE)(argv, account)
 
-    driver, transport, estate = slurm_pool(answer, ", status_account: slurmops")
+    driver, transport, estate = slurm_pool(answer, status_account="slurmops")
     tasks = [running(estate, 1, "alice", "11"), running(estate, 2, "bob", "12")]
     assert poll(driver, tasks)[2].state is TaskState.PENDING
     assert [a for argv, a in transport.calls if argv[0] == "squeue"] == ["slurmops"]
@@ -165,15 +166,10 @@ def test_a_task_whose_reply_was_lost_is_found_by_its_tag_and_script():
     assert (seen.state, seen.native_id) == (TaskState.SUBMITTED, "21")
 
 
-def directives_of(settings: str, gpus: int = 2) -> list[str]:
-    estate = parse_estate(
-        f"""
-resources:
-  r: {{profile: {{pools: [p], gpus: {gpus}, cpus: 1, walltime: 5s}}}}
-pools:
-  p: {{kind: slurm, job_root: /jobs, user_map: {{alice: alice}}{settings}}}
-"""
-    )
+def directives_of(settings: Mapping[str, Any], gpus: int = 2) -> list[str]:
+    pool = {"kind": "slurm", "job_root": "/jobs", "user_map": {"alice": "alice"}, **settings}
+    resources = {"r": profile("p", gpus=gpus, cpus=1, walltime="5s")}
+    estate = estates.estate("<estate>", resources=resources, pools={"p": pool})
     driver = SlurmDriver(estate.pools["p"], Context(estate, Path("."), Path(__file__), None))
     task = sample_task(estate, "r", "alice")
     return driver.directives(task, estate.resources["r"].profile, "/jobs/x")
@@ -184,10 +180,10 @@ pools:
 @pytest.mark.parametrize(
     ("settings", "gpus", "requeue"),
     [
-        ("", "--gres=gpu:2", "--requeue"),
-        (", gpu_flag: gpus-per-node", "--gpus-per-node=2", "--requeue"),
-        (", gpu_flag: gpus, requeue: klique", "--gpus=2", "--no-requeue"),
-        (", requeue: none", "--gres=gpu:2", "--no-requeue"),
+        ({}, "--gres=gpu:2", "--requeue"),
+        ({"gpu_flag": "gpus-per-node"}, "--gpus-per-node=2", "--requeue"),
+        ({"gpu_flag": "gpus", "requeue": "klique"}, "--gpus=2", "--no-requeue"),
+        ({"requeue": "none"}, "--gres=gpu:2", "--no-requeue"),
     ],
 )
 def test_gpus_and_requeue_directives_follow_the_pools_settings(settings, gpus, requeue):
@@ -196,15 +192,14 @@ def test_gpus_and_requeue_directives_follow_the_pools_settings(settings, gpus, r
 
 
 def test_requeue_says_who_runs_a_preempted_job_again():
-    def preempted_requeue(settings: str) -> object:
-        estate = parse_estate(
-            "resources:\n  r: {profile: {pools: [p], cpus: 1, walltime: 5s}}\n"
-            f"pools:\n  p: {{kind: slurm, job_root: /jobs, user_map: {{a: a}}{settings}}}\n"
-        )
-        return estate.pools["p"].settings.get("requeue_preempted")
+    def preempted_requeue(**settings: Any) -> object:
+        pool = {"kind": "slurm", "job_root": "/jobs", "user_map": {"a": "a"}, **settings}
+        resources = {"r": profile("p", cpus=1, walltime="5s")}
+        estate = estates.estate("<estate>", resources=resources, pools={"p": pool})
+        return settings_as(estate.pools["p"], SlurmSettings).requeue_preempted
 
-    assert preempted_requeue(", requeue: klique") is True
-    assert preempted_requeue(", requeue: none") is False
-    assert preempted_requeue("") is False
+    assert preempted_requeue(requeue="klique") is True
+    assert preempted_requeue(requeue="none") is False
+    assert preempted_requeue() is False
     with pytest.raises(KliqueError, match="requeue: none contradicts requeue_preempted"):
-        preempted_requeue(", requeue: none, requeue_preempted: true")
+        preempted_requeue(requeue="none", requeue_preempted=True)

@@ -7,18 +7,17 @@ from __future__ import annotations
 import asyncio
 import json
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import pytest
-from scripted_transport import Answer
+from helpers.scripted_transport import Answer
 from test_slurm_site_settings import poll, slurm_pool
 
+from broker.control.store_link import StoreLink
 from broker.domain import TaskState
-from broker.pools.base import Observation
+from broker.execution import Observation
 from broker.pools.slurm import SLURM_PHASES, SLURM_STATES, parse_squeue
 from broker.preview import sample_task
-from broker.scheduler.link import StoreLink
 from broker.store.repository import Store
 from broker.transport import Completed
 
@@ -61,14 +60,14 @@ def test_nodes_booting_then_running_then_suspended_are_each_reported():
 
 
 def test_a_pool_may_charge_a_phase():
-    driver, _, estate = slurm_pool(squeue_showing(["SUSPENDED"]), ", charge_phases: [suspended]")
+    driver, _, estate = slurm_pool(squeue_showing(["SUSPENDED"]), charge_phases=["suspended"])
     seen = poll(driver, [task_in(estate, TaskState.RUNNING)])[1]
     assert (seen.phase, seen.charged) == ("suspended", True)
 
 
 def test_an_unknown_phase_in_the_estate_is_refused():
     with pytest.raises(Exception, match="charge_phases"):
-        slurm_pool(squeue_showing(["RUNNING"]), ", charge_phases: [pending]")
+        slurm_pool(squeue_showing(["RUNNING"]), charge_phases=["pending"])
 
 
 def test_boot_fail_sends_the_task_again_a_few_times():
@@ -115,7 +114,7 @@ def purged_with_accounting(state: str | None) -> Answer:
     ],
 )
 def test_a_signalled_exit_file_is_labelled_by_slurms_record(slurm, expected):
-    driver, transport, estate = slurm_pool(purged_with_accounting(slurm), ", accounting: jobcomp")
+    driver, transport, estate = slurm_pool(purged_with_accounting(slurm), accounting="jobcomp")
     transport.files.update(SIGNALLED)
     seen = poll(driver, [task_in(estate, TaskState.RUNNING)])[1]
     assert seen.state is expected
@@ -123,7 +122,7 @@ def test_a_signalled_exit_file_is_labelled_by_slurms_record(slurm, expected):
 
 
 def test_a_signalled_exit_file_waits_for_slurms_record_then_stands_alone():
-    driver, transport, estate = slurm_pool(purged_with_accounting(None), ", accounting: jobcomp")
+    driver, transport, estate = slurm_pool(purged_with_accounting(None), accounting="jobcomp")
     transport.files.update(SIGNALLED)
     task = task_in(estate, TaskState.RUNNING)
     driver.lost_after_s = 3600.0
@@ -140,11 +139,6 @@ def test_without_accounting_a_signalled_exit_file_decides_at_once():
     seen = poll(driver, [task_in(estate, TaskState.RUNNING)])[1]
     assert seen.state is TaskState.FAILED
     assert not any(argv[0] == "sacct" for argv, _ in transport.calls)
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Store:
-    return Store.open(f"sqlite:///{tmp_path}/klique.db")
 
 
 def placed_task(store: Store, estate: Any) -> Any:
@@ -298,7 +292,7 @@ def test_a_job_held_after_a_failed_launch_is_released_once():
 
 def test_a_job_held_after_a_failed_launch_may_be_withdrawn():
     calls: list[list[str]] = []
-    driver, _, estate = slurm_pool(squeue_lines([HELD], calls), ", requeued_held: withdraw")
+    driver, _, estate = slurm_pool(squeue_lines([HELD], calls), requeued_held="withdraw")
     seen = poll(driver, [task_in(estate, TaskState.PENDING)])[1]
     assert (seen.state, seen.retry) == (TaskState.LOST, True)
     assert "withdrawn by Klique (requeued_held: withdraw)" in seen.reason

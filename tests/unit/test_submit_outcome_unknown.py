@@ -11,10 +11,11 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from sim_cluster import simulated
-from test_batch_status import estate_of
+from helpers.estates import batch_estate
+from helpers.sim_cluster import simulated
 from test_slurm_site_settings import DEFAULT, SubmittingTransport, slurm_pool
 
+from broker.control.loop import Scheduler
 from broker.domain import TaskSpec, TaskState
 from broker.errors import SubmitError, SubmitUnknown, TransportError
 from broker.pools import batch
@@ -22,7 +23,6 @@ from broker.pools.base import Context
 from broker.pools.lsf import LsfDriver
 from broker.pools.pbs import PbsDriver
 from broker.preview import sample_task
-from broker.scheduler.loop import Scheduler
 from broker.scheduler.model import PendingCode
 from broker.store.repository import Store
 from broker.transport import Completed
@@ -86,7 +86,6 @@ def placed(estate: Any) -> Any:
 
 def look(driver: Any, task: Any) -> Any:
     """One poll cycle; the task's news, or None."""
-    driver._next_poll = 0.0  # the test decides when a cycle comes
     return asyncio.run(driver.poll([task])).get(task.id)
 
 
@@ -165,7 +164,7 @@ def test_the_looks_are_slurmctlds_message_timeout_apart(clock):
 
 
 def test_the_pools_message_timeout_wins_over_slurmctlds(clock):
-    driver, _, _ = slurm_pool(Slurm(), ", message_timeout: 90s")
+    driver, _, _ = slurm_pool(Slurm(), message_timeout="90s")
     asyncio.run(driver._read_config())
     assert driver.message_timeout_s == 90
 
@@ -180,9 +179,9 @@ def test_a_transport_lost_after_sending_leaves_the_outcome_unknown_for_why():
     assert "may exist" in str(driver.outcome_unknown(7))
 
 
-def batch_pool(kind: str, answer: Any, settings: str = "") -> tuple[Any, Any]:
+def batch_pool(kind: str, answer: Any, **settings: Any) -> tuple[Any, Any]:
     """A PBS or LSF pool `p` whose commands `answer` answers, submission included."""
-    estate = estate_of(kind, settings)
+    estate = batch_estate(kind, **settings)
     context = Context(estate, Path("."), Path(__file__), None)
     driver_class = PbsDriver if kind == "pbs" else LsfDriver
     return driver_class(estate.pools["p"], context, SubmittingTransport(answer)), estate

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from broker.api.sweeps import BatchRequest, SweepRequest
 from broker.sweeps import SweepError, combine, fill, grid, read_lines
+from broker.tasks.batches import BatchRequest, SweepRequest
 
 
 def test_placeholders_fill_each_argument_with_the_values_text():

@@ -9,13 +9,15 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from broker.cli import main
 from broker.errors import TemplateError
 from broker.estate import load_estate, parse_estate
 from broker.preview import render_preview, sample_task
-from broker.templates import TemplateFile, find_template, render, safe_directive
+from broker.templates import BUILT_IN, TemplateFile, find_template, render, safe_directive
 
 ROOT = Path(__file__).resolve().parents[2]
 ESTATE = load_estate(ROOT / "examples" / "estate.yaml")
@@ -171,9 +173,31 @@ def test_pyxis_on_a_pool_that_is_not_slurm_is_an_estate_error():
         parse_estate(text, "e.yaml")
 
 
-def test_a_sites_templates_dir_is_searched_first_with_the_same_fallbacks(tmp_path):
-    from broker.templates import BUILT_IN
+def test_the_built_in_templates_are_the_checkouts_top_level_folder():
+    # the editable checkout maps no `klique_templates` package: the fallback finds templates/
+    assert BUILT_IN == ROOT / "templates"
+    assert (BUILT_IN / "slurm" / "default.sh.j2").is_file()
 
+
+def test_klique_template_render_prints_a_sites_template_before_the_built_in_one(tmp_path):
+    site = tmp_path / "site"
+    estate = tmp_path / "estate.yaml"
+    text = (ROOT / "examples" / "estate.yaml").read_text()
+    estate.write_text(text + f"templates_dir: {site}\n")
+    argv = ["template", "render", "-r", "1-gpu", "--estate", str(estate)]
+    built_in = CliRunner().invoke(main, argv, catch_exceptions=False)
+    assert built_in.exit_code == 0, built_in.output
+    assert "#SBATCH --gres=gpu:1" in built_in.stdout and "# the site's" not in built_in.stdout
+    (site / "slurm").mkdir(parents=True)
+    (site / "slurm" / "default.sh.j2").write_text(
+        "#!/bin/bash\n# the site's default for {{ resource }}\n"
+    )
+    shown = CliRunner().invoke(main, argv, catch_exceptions=False)
+    assert shown.exit_code == 0, shown.output
+    assert shown.stdout == "#!/bin/bash\n# the site's default for 1-gpu\n"
+
+
+def test_a_sites_templates_dir_is_searched_first_with_the_same_fallbacks(tmp_path):
     site = tmp_path / "site"
     (site / "slurm").mkdir(parents=True)
     (site / "partials").mkdir()

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from starlette.datastructures import FormData
 
-from broker.api.schemas import TaskOut
 from broker.domain import Task, TaskSpec, TaskState
 from broker.store.web import TaskFilter
+from broker.tasks.schemas import TaskOut
 from broker.web import forms
 from broker.web.live import _json, event
 from broker.web.pages_tasks import chart_data, compare_rows, edited_parameters

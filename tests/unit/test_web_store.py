@@ -15,13 +15,6 @@ from broker.store.repository import Store
 from broker.store.web import TaskFilter, task_page
 
 
-@pytest.fixture
-def store(tmp_path):
-    opened = Store.open(f"sqlite:///{tmp_path / 'k.db'}")
-    yield opened
-    opened.close()
-
-
 def _fill(store: Store, n: int) -> list[int]:
     ids = []
     for i in range(n):

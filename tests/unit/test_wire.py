@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
+from broker.agents.wire import task_from_json, task_to_json
 from broker.domain import Origin, TaskState
 from broker.estate import parse_estate
 from broker.preview import sample_task
-from broker.scheduler.wire import task_from_json, task_to_json
 
 ESTATE = """
 resources:

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from batch_helpers import open_folder, pool_yaml, remove_tree
 from conftest import HOST_ACCESS, ROOT, Server, shared_folder, start_server, stop_server
+from helpers.batch import open_folder, pool_yaml, remove_tree
 
 CHROMIUM = "/usr/bin/chromium"
 DRIVER = "/usr/bin/chromedriver"

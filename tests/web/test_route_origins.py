@@ -12,19 +12,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from app_helpers import chromium, echo_command, launch, stop, wait_ready
-from conftest import HOST_ACCESS, TASK_PY, wait_for
+from conftest import HOST_ACCESS_SETTINGS, TASK_PY, wait_for
+from helpers.app import chromium, echo_command, launch, stop, wait_ready
+from helpers.estates import estate_yaml, profile
 from selenium.webdriver.common.by import By
 
 from .conftest import _chromium
 
 DOMAIN = "routes.test"
-ESTATE = (
-    "teams:\n  vision: [alice]\n"
-    "resources:\n  cpu:\n    profile: {cpus: 1, memory: 200M, walltime: 10m, pools: [p]}\n"
-    f"pools:\n  p:\n    kind: host\n    slots: 4\n    {HOST_ACCESS}\n"
-    "apps: {catalogue: $CATALOGUE}\n"
-)
 # Run in the app's page: each attempt answers what the page got, or "refused" when the browser
 # refused it (a fetch that CORS refuses rejects with a TypeError).
 ATTEMPT = """
@@ -51,7 +46,12 @@ def estate(folder: Path) -> str:
         "command": [TASK_PY, "-c", echo_command("x")[2], "{port}", "{name}"],
     }
     (catalogue / "echo-session.yaml").write_text(json.dumps(session))
-    return ESTATE.replace("$CATALOGUE", str(catalogue))
+    return estate_yaml(
+        teams={"vision": ["alice"]},
+        resources={"cpu": profile("p", cpus=1, memory="200M", walltime="10m")},
+        pools={"p": {"kind": "host", "slots": 4, **HOST_ACCESS_SETTINGS}},
+        apps={"catalogue": str(catalogue)},
+    )
 
 
 def signed_in(browser: Any, server: Any, token: str) -> None:

@@ -1,6 +1,8 @@
 """Pipelines for the SDK's tests: a cached step, a failing step, a step that runs long, a fan-out
-of steps that are ready together."""
+of steps that are ready together. `steps_more.py NAME --remote` queues NAME's controller on the
+estate's pipeline resource, as three_steps.py does."""
 
+import json
 import sys
 import time
 
@@ -60,4 +62,9 @@ def fan_out(n=6):
 
 if __name__ == "__main__":
     flows = {"cached": cached, "failing": failing, "long": long, "fan-out": fan_out}
-    print(flows[sys.argv[1]](), flush=True)
+    if sys.argv[2:] == ["--remote"]:
+        task = flows[sys.argv[1]].remote()
+        if isinstance(task, klique.Task):  # here; in the controller's job, its result
+            print(json.dumps({"pipeline": task.id}), flush=True)
+    else:
+        print(flows[sys.argv[1]](), flush=True)
