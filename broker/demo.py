@@ -17,7 +17,6 @@ from broker import config
 from broker.cli.tasks import FINAL, follow_logs
 from broker.client import ApiError, Client, save_token
 from broker.errors import KliqueError
-from broker.estate import builtin_estate_text
 
 DEMO_TASK = """
 import time
@@ -50,6 +49,9 @@ DEMO_JOB_ROOT = Path("/var/tmp/klique-demo-jobs")
 def _demo_estate(home: Path) -> Path:
     """As root, the demo's tasks run as an ordinary account made for it: Klique never runs a
     task as root, and a host pool without a user map runs only the server account's tasks."""
+    # The estate module loads the server's settings models; only a root demo's start needs it.
+    from broker.estate import builtin_estate_text
+
     try:
         pwd.getpwnam(DEMO_ACCOUNT)
     except KeyError:

@@ -10,10 +10,13 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
-
 from broker.errors import IllegalTransition
-from broker.identity_settings import IdentityFile
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # types only: the CLI reads the domain without loading pydantic's models
+    from pydantic import BaseModel
+
+    from broker.identity_settings import IdentityFile
 
 
 class TaskState(enum.StrEnum):
@@ -182,12 +185,6 @@ class UserMap:
         return bool(self.accounts) or self.default is not None or self.rule is not None
 
 
-class NoSettings(BaseModel):
-    """The settings of a pool built by hand for placement alone: none of any kind's."""
-
-    model_config = ConfigDict(frozen=True)
-
-
 @dataclass(frozen=True)
 class Pool:
     """Nodes in one place. `settings` is the pool's validated settings model, of its kind's
@@ -210,8 +207,8 @@ class Pool:
     skip_directives: tuple[str, ...] = ()
     # Typed as pydantic's base here (the domain imports no pool kind); a driver takes its own
     # kind's model with broker.pools.settings.settings_as. A pool built by hand for placement
-    # alone has none (NoSettings).
-    settings: BaseModel = field(default_factory=NoSettings)
+    # alone has none.
+    settings: BaseModel | None = None
 
     @property
     def devices(self) -> tuple[int, ...]:

@@ -22,7 +22,6 @@ from broker.client import Client
 from broker.domain import Estate, spec_from_dict
 from broker.errors import KliqueError
 from broker.helper_install import install_helper
-from broker.scheduler.simulate import parse_trace, simulate
 from broker.usage import parse_since
 
 # Klique never runs a task as root, and the built-in pool has no user map to run it as anyone
@@ -380,6 +379,7 @@ def policy_simulate(
 ) -> None:
     """Say what would start where, and who would wait, if NEW.yaml were the estate now."""
     from broker.estate import parse_estate  # the server extra is optional
+    from broker.scheduler.simulate import parse_trace, simulate  # a local run only
 
     text = _read_text(estate_path, "estate file")
     new = parse_estate(text, estate_path)  # file:line errors before anything else happens
