@@ -11,7 +11,7 @@ from fastapi import FastAPI
 
 from broker.api.artifacts import streams_itself
 from broker.api.mount import OPENAPI, mount_api
-from broker.control.loop import Scheduler
+from broker.control.loop import ControlLoop
 from broker.http.errors import install_error_statuses
 from broker.http.limits import BodyLimit
 from broker.identity.resolve import Identities
@@ -21,24 +21,25 @@ from broker.web.site import mount_web
 
 
 def create_app(
-    scheduler: Scheduler, lifespan: Any = None, public_url: str | None = None
+    control: ControlLoop, lifespan: Any = None, public_url: str | None = None
 ) -> FastAPI:
-    """The app for `scheduler`; `public_url` is where MCP's clients reach the server."""
+    """The app over the control loop `control`; `public_url` is where MCP's clients reach
+    the server."""
     app = FastAPI(lifespan=lifespan, **OPENAPI)
-    app.state.scheduler = scheduler
+    app.state.control = control
     # Every adapter finds its callers through it (broker/http/callers.py, identities_of).
-    app.state.identities = Identities(scheduler.store, lambda: scheduler.estate)
+    app.state.identities = Identities(control.store, lambda: control.estate)
     app.add_middleware(
         BodyLimit,
-        limit=lambda: scheduler.estate.limits.max_request_bytes,
+        limit=lambda: control.estate.limits.max_request_bytes,
         skip=streams_itself,  # artifact uploads stream their body and enforce their own limit
     )
     install_error_statuses(app)
     # Order matters: paths are matched in the order they are added, and MCP's mount, which
     # takes every path no one else did, comes last; the web UI's error pages replace the
     # plain answer for browsers' requests for pages.
-    mount_api(app, scheduler, app.state.identities)
+    mount_api(app, control, app.state.identities)
     mount_routes(app)
-    mount_web(app, scheduler)
+    mount_web(app, control)
     mount_mcp(app, public_url)
     return app

@@ -18,8 +18,9 @@ The model, in the order the rules are applied:
    serves behind a static route) and the teams it names (`may_open_route`).
 5. What an app launch may ask of its app (its lock, its compute resources, a static route's
    teams, the running-app quotas) is the app rules' business (broker/apps/launch.py), applied
-   by the one function that makes every app task (`broker.api.apps.launch_task`): a launch, a
-   form launched again, a clone. The create path refuses an app task from anywhere else.
+   by the one function that makes every app task (broker/tasks/apps.py,
+   `AppService.launch_task`): a launch, a form launched again, a clone. The create path
+   refuses an app task from anywhere else.
 
 `check(caller, action, target)` raises Klique's own errors (broker/errors.py); the adapters turn
 them into 403/404, a page or a tool's refusal. The small named predicates (`has_scope`,

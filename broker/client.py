@@ -20,6 +20,7 @@ import httpx
 
 from broker import config
 from broker.errors import KliqueError
+from broker.identity import device
 
 # An access token this close to its end is renewed before use, not after a refusal.
 RENEW_BEFORE_S = 30.0
@@ -124,9 +125,6 @@ class Client:
 
     def _renew(self, refused: str | None = None) -> None:
         """A fresh access token: one that another process renewed meanwhile, or a new one."""
-        # Authlib takes a tenth of a second to load: only a renewal pays for it, not every call.
-        from broker.identity import device
-
         if self.own_sso:
             assert self.sso is not None
             self._use(device.renew(self.sso))

@@ -12,6 +12,20 @@ from typing import Any
 
 from broker.errors import IllegalTransition
 
+try:
+    from enum import StrEnum
+except ImportError:  # Python < 3.11: the client (the CLI, the SDK) reads the domain on 3.8
+
+    class StrEnum(str, enum.Enum):  # type: ignore[no-redef]
+        """Members are their values, in str() and format() as in Python 3.11's StrEnum."""
+
+        def __str__(self) -> str:
+            return str(self.value)
+
+        def __format__(self, spec: str) -> str:
+            return format(str(self.value), spec)
+
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # types only: the CLI reads the domain without loading pydantic's models
     from pydantic import BaseModel
@@ -19,7 +33,7 @@ if TYPE_CHECKING:  # types only: the CLI reads the domain without loading pydant
     from broker.identity_settings import IdentityFile
 
 
-class TaskState(enum.StrEnum):
+class TaskState(StrEnum):
     """A task's life, from submission to one of five final states."""
 
     CREATED = "created"  # recorded, not yet validated against the estate
@@ -93,7 +107,7 @@ def transition(old: TaskState, new: TaskState) -> TaskState:
     return new
 
 
-class Origin(enum.StrEnum):
+class Origin(StrEnum):
     """Where a task runs: in a pool (placed by the scheduler), or locally, where the SDK's
     Task.init recorded it (a laptop, a login node), or nowhere: a reused pipeline step."""
 

@@ -38,6 +38,7 @@ from broker.errors import EstateError
 from broker.identity_settings import IdentityFile, identity_problems
 from broker.pools.registry import kinds
 from broker.pools.settings import PoolSettings, UserMapRule
+from broker.pools.slurm import pyxis_one_node
 from broker.scheduler.policy_check import policy_problems
 from broker.units import Name, Seconds, SecondsOrZero, SizeMB, Strict, parse_duration_s
 from broker.yaml_lines import FIXES, LineMap, describe
@@ -259,6 +260,11 @@ def _cross_check(
                         f"or use one of: {known_pools}",
                     )
                 )
+        for i, pool_ref in enumerate(profile.pools):
+            runtime = getattr(pools.get(pool_ref), "container_runtime", None)
+            if profile.nodes > 1 and runtime == "pyxis":
+                problem = pyxis_one_node(pool_ref, name, profile.nodes)
+                problems.append(((*at, "pools", str(i)), problem))
         gpu_ways = [
             profile.gpus > 0,
             profile.gpu_fraction is not None,

@@ -8,7 +8,8 @@ below both, so that neither imports the other. It imports only the domain.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from broker.domain import TaskState
 
@@ -36,6 +37,9 @@ class PoolState:
     reason: str = ""
     last_good: float | None = None  # wall-clock time of the pool's last good answer
     free_nodes: int | None = None  # queueing pools: idle nodes, where the pool counts them
+    # Placed tasks whose submission's reply was lost, with why they wait (`klique why`): the
+    # control plane reads a remote pool's from here, as it cannot ask its driver.
+    outcome_unknown: Mapping[int, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -11,9 +11,11 @@ import logging
 import os
 import pwd
 import socket
+import ssl
 import urllib.parse
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import uvicorn
@@ -22,7 +24,7 @@ from fastapi import FastAPI
 from broker.agents.factory import build_drivers, driver_context
 from broker.app import create_app
 from broker.config import write_private
-from broker.control.loop import Scheduler
+from broker.control.loop import ControlLoop
 from broker.domain import Estate
 from broker.pools.settings import serves_remotely
 from broker.route_proxy.origin import RoutesOrigin, RoutesPlace, Split, routes_place
@@ -62,12 +64,12 @@ def build_app(
     estate: Estate, store: Store, home: Path, api_url: str, interval_s: float = 0.5
 ) -> FastAPI:
     drivers = build_drivers(estate, driver_context(estate, home, api_url))
-    scheduler = Scheduler(store, estate, drivers, home, interval_s=interval_s)
+    control = ControlLoop(store, estate, drivers, home, interval_s=interval_s)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         stop = asyncio.Event()
-        loop_task = asyncio.create_task(scheduler.run(stop))
+        loop_task = asyncio.create_task(control.run(stop))
         try:
             yield
         finally:
@@ -77,7 +79,7 @@ def build_app(
                 await driver.close()
             store.close()
 
-    return create_app(scheduler, lifespan, os.environ.get("KLIQUE_PUBLIC_URL") or api_url)
+    return create_app(control, lifespan, os.environ.get("KLIQUE_PUBLIC_URL") or api_url)
 
 
 def listener(host: str, port: int) -> socket.socket:
@@ -116,14 +118,17 @@ def reaches_nothing(url: str, stated: bool) -> bool:
     return address.is_unspecified or (address.is_loopback and not stated)
 
 
-def public_url(estate: Estate, host: str, port: int, given: str | None = None) -> str:
+def public_url(
+    estate: Estate, host: str, port: int, given: str | None = None, scheme: str = "http"
+) -> str:
     """The URL jobs, pods, agents and browsers use: --public-url, else the estate's
-    server.public_url, else the bind address (right only while every task runs here). A URL
-    that no other node can reach is refused while some pool's nodes are elsewhere: their jobs
-    would start and then fail at their first call."""
+    server.public_url, else the bind address (right only while every task runs here) with
+    `scheme` (https when the server serves TLS itself). A URL that no other node can reach is
+    refused while some pool's nodes are elsewhere: their jobs would start and then fail at their
+    first call."""
     bind_host = f"[{host}]" if ":" in host else host
     stated = given or estate.public_url
-    url = (stated or f"http://{bind_host}:{port}").rstrip("/")
+    url = (stated or f"{scheme}://{bind_host}:{port}").rstrip("/")
     elsewhere = remote_pools(estate)
     if elsewhere and reaches_nothing(url, bool(stated)):
         raise ValueError(
@@ -132,6 +137,43 @@ def public_url(estate: Estate, host: str, port: int, given: str | None = None) -
             f"http://{socket.getfqdn()}:{port}"
         )
     return url
+
+
+@dataclass(frozen=True)
+class Tls:
+    """The site's certificate (PEM, with its chain) and its private key, for both listeners."""
+
+    cert: Path
+    key: Path
+
+
+def tls_files(cert: str | None, key: str | None) -> Tls | None:
+    """--tls-cert and --tls-key as a pair that loads, checked before anything starts: a wrong
+    file is one sentence at start, not a handshake that fails for every browser later."""
+    if cert is None and key is None:
+        return None
+    if cert is None or key is None:
+        given, missing = ("--tls-cert", "--tls-key") if key is None else ("--tls-key", "--tls-cert")
+        raise ValueError(f"{given} needs {missing} too; fix: give both, or neither for HTTP")
+    for option, path in (("--tls-cert", cert), ("--tls-key", key)):
+        if not os.access(path, os.R_OK):
+            why = "cannot be read by this account" if os.path.exists(path) else "does not exist"
+            raise ValueError(
+                f"{option} {path} {why}; fix: give the PEM file's path, readable by the "
+                "account the server runs as"
+            )
+    try:
+        # An encrypted key would make OpenSSL ask on the terminal: refused here instead.
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(cert, key, password=lambda: b"")
+    except (ssl.SSLError, OSError) as exc:
+        reason = getattr(exc, "reason", None) or exc.strerror or exc
+        raise ValueError(
+            f"--tls-cert {cert} and --tls-key {key} do not load as a certificate and its key "
+            f"({reason}); fix: give the PEM certificate (chain first-to-last) and the "
+            "unencrypted private key it was issued for"
+        ) from None
+    return Tls(Path(cert), Path(key))
 
 
 def split_app(app: FastAPI, place: RoutesPlace) -> Split:
@@ -153,14 +195,19 @@ def serve(
     *,
     trusted_proxies: str | None = None,
     public: str | None = None,
+    tls: Tls | None = None,
 ) -> None:
-    """Serve until stopped. `trusted_proxies` names the reverse proxies whose forwarding
-    headers are believed; without it, a caller's address is its socket's own (uvicorn would
-    otherwise believe any local account's X-Forwarded-For, and the login throttle's count per
-    address with it). `public`: the URL others reach this server at (--public-url)."""
+    """Serve until stopped; over HTTPS on both listeners with `tls`. `trusted_proxies` names
+    the reverse proxies whose forwarding headers are believed; without it, a caller's address
+    is its socket's own (uvicorn would otherwise believe any local account's X-Forwarded-For,
+    and the login throttle's count per address with it). `public`: the URL others reach this
+    server at (--public-url)."""
+    scheme = "https" if tls else "http"
     try:
-        place = routes_place(host, port, routes_port or port + 1, routes_domain, routes_url)
-        api_url = public_url(estate, host, port, public)
+        place = routes_place(
+            host, port, routes_port or port + 1, routes_domain, routes_url, scheme=scheme
+        )
+        api_url = public_url(estate, host, port, public, scheme=scheme)
     except ValueError as exc:
         raise SystemExit(f"klique: {exc}") from None
     sockets = [listener(host, port), listener(host, place.port)]
@@ -193,5 +240,7 @@ def serve(
         timeout_graceful_shutdown=5,
         proxy_headers=trusted_proxies is not None,
         forwarded_allow_ips=trusted_proxies,
+        ssl_certfile=tls.cert if tls else None,
+        ssl_keyfile=tls.key if tls else None,
     )
     uvicorn.Server(config).run(sockets=sockets)

@@ -11,11 +11,11 @@ import json
 import re
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, Dict
 
 from broker.errors import KliqueError
 
-Params = dict[str, Any]
+Params = Dict[str, Any]  # typing's: the CLI runs on Python 3.8, where dict[...] fails
 _PLACEHOLDER = re.compile(r"\{\{|\}\}|\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
@@ -59,7 +59,7 @@ def grid(items: Iterable[str]) -> list[tuple[str, Params]]:
     if not axes:
         return points
     for combination in itertools.product(*(values for _, values in axes)):
-        params = {key: value for (key, _), value in zip(axes, combination, strict=True)}
+        params = {key: value for (key, _), value in zip(axes, combination)}
         shown = " ".join(f"{k}={_text(v)}" for k, v in params.items())
         points.append((f"grid point {shown}", params))
     return points

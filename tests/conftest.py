@@ -147,9 +147,9 @@ TRUST_CHECKOUTS = {
 
 @pytest.fixture(scope="session")
 def installed_klique(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Klique as `pip install klique` gives it: built as a wheel (not editable) and installed
-    into a virtual environment of the system's python3 that every account can run. Returns
-    the environment's bin folder."""
+    """Klique as `pip install 'klique[server]'` gives it: built as a wheel (not editable) and
+    installed into a virtual environment of the system's python3 that every account can run.
+    Returns the environment's bin folder."""
     uv = shutil.which("uv", path=str(Path(sys.executable).parent)) or shutil.which("uv")
     assert uv, "uv is a test dependency"
     folder = Path(tempfile.mkdtemp(prefix="klique-installed-", dir="/tmp"))
@@ -166,7 +166,7 @@ def installed_klique(tmp_path_factory: pytest.TempPathFactory) -> Path:
     wheel = next(dist.glob("klique-*.whl"))
     python = folder / "venv" / "bin" / "python"
     subprocess.run(
-        [uv, "pip", "install", "--quiet", "--python", str(python), str(wheel)],
+        [uv, "pip", "install", "--quiet", "--python", str(python), f"{wheel}[server]"],
         check=True,
         capture_output=True,
         timeout=600,

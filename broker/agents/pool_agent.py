@@ -107,6 +107,7 @@ class PoolAgent:
                 reachable=False,
                 reason=self._unreachable(reason),
                 last_good=self.last_good,
+                outcome_unknown=self.snapshot.outcome_unknown,  # still unknown: not looked up
             )
             await self._publish()
             return
@@ -140,11 +141,16 @@ class PoolAgent:
             self.last_good = time.time()
         if not state.reachable:
             state = replace(state, reason=self._unreachable(state.reason))
-        self.snapshot = replace(state, last_good=self.last_good)
+        unknown = {t.id: w for t in tasks if (w := self._outcome_unknown(t))}
+        self.snapshot = replace(state, last_good=self.last_good, outcome_unknown=unknown)
         self.looks += 1
         await self._publish()
         for batch in self.driver.batches(fresh):
             self._start_all(batch, self._submit)
+
+    def _outcome_unknown(self, task: Task) -> str | None:
+        """Why a placed task waits where its submission's reply was lost (the driver keeps it)."""
+        return self.driver.outcome_unknown(task.id) if task.state is TaskState.PLACED else None
 
     async def ask(self, followed: list[Task]) -> dict[int, Observation]:
         """The pool's news of the tasks it holds, where its clock says a query is due (no news

@@ -50,4 +50,7 @@ def pool_state_to_json(state: PoolState) -> dict[str, Any]:
 
 
 def pool_state_from_json(data: dict[str, Any]) -> PoolState:
-    return PoolState(**{k: v for k, v in data.items() if k in PoolState.__dataclass_fields__})
+    known = {k: v for k, v in data.items() if k in PoolState.__dataclass_fields__}
+    unknown = known.get("outcome_unknown") or {}  # JSON's keys are strings: the ids again
+    known["outcome_unknown"] = {int(task_id): str(why) for task_id, why in unknown.items()}
+    return PoolState(**known)

@@ -20,7 +20,7 @@ from broker.agents.link import Accepted, Attempt, Begun
 from broker.agents.wire import observation_from_json, pool_state_from_json, task_to_json
 from broker.api.agent_tokens import agent_pools_of, token_router
 from broker.authz import check_agent_pool
-from broker.control.loop import Scheduler
+from broker.control.loop import ControlLoop
 from broker.domain import Task, TaskState
 from broker.errors import NotFound
 from broker.names import LINE, NAME
@@ -65,6 +65,8 @@ class PoolStateIn(BaseModel):
     reason: Reason = ""
     last_good: float | None = Field(None, allow_inf_nan=False)
     free_nodes: int | None = Field(None, ge=0, lt=2**31)  # idle nodes, where counted
+    # Placed tasks whose submission's reply was lost, and why they wait (`klique why`).
+    outcome_unknown: dict[TaskId, Reason] = Field({}, max_length=10000)
 
 
 class AgentCall(BaseModel):
@@ -88,16 +90,16 @@ class AgentCalls(BaseModel):
     calls: list[AgentCall] = Field(max_length=10000)
 
 
-def agent_router(scheduler: Scheduler, admin_only: Callable[..., Any]) -> APIRouter:
+def agent_router(control: ControlLoop, admin_only: Callable[..., Any]) -> APIRouter:
     router = APIRouter(prefix="/api/v1")
-    store = scheduler.store
-    link = scheduler.link
+    store = control.store
+    link = control.link
 
-    agent_pools = agent_pools_of(scheduler)
-    router.include_router(token_router(scheduler, admin_only))
+    agent_pools = agent_pools_of(control)
+    router.include_router(token_router(control, admin_only))
 
     def may_serve(pool: str, pools: list[str]) -> None:
-        check_agent_pool(pools, pool, scheduler.remote)
+        check_agent_pool(pools, pool, control.remote)
 
     @router.get("/agent/pools/{pool}")
     def pool_estate(
@@ -108,7 +110,7 @@ def agent_router(scheduler: Scheduler, admin_only: Callable[..., Any]) -> APIRou
         (broker/agents/estate_view.py), nothing of other pools, teams, policies or identity
         settings."""
         may_serve(pool, pools)
-        return {"pool": pool, "estate": agent_estate(scheduler.estate, pool)}
+        return {"pool": pool, "estate": agent_estate(control.estate, pool)}
 
     @router.get("/agent/pools/{pool}/tasks")
     def pool_tasks(
@@ -117,7 +119,7 @@ def agent_router(scheduler: Scheduler, admin_only: Callable[..., Any]) -> APIRou
     ) -> list[dict[str, Any]]:
         """The pool's tasks: placed, submitted, pending, running; with their intents."""
         may_serve(pool, pools)
-        return [task_to_json(t) for t in scheduler.link.held.current(pool)]
+        return [task_to_json(t) for t in control.link.held.current(pool)]
 
     @router.post("/agent/pools/{pool}/calls")
     async def pool_calls(
@@ -171,7 +173,7 @@ def agent_router(scheduler: Scheduler, admin_only: Callable[..., Any]) -> APIRou
 
     async def _apply(pool: str, call: AgentCall) -> Any:
         if call.op == "published":
-            remote = scheduler.remote[pool]
+            remote = control.remote[pool]
             state = call.state or PoolStateIn()
             remote.state = pool_state_from_json({"name": pool, **state.model_dump()})
             remote.strangers = set(call.strangers)

@@ -14,7 +14,7 @@ from fastapi import APIRouter, Depends, Header, HTTPException
 from fastapi import Path as PathParam
 from pydantic import BaseModel, ConfigDict, Field
 
-from broker.control.loop import Scheduler
+from broker.control.loop import ControlLoop
 from broker.errors import NotFound
 from broker.http.callers import bearer
 from broker.names import AGENT_ID, NAME
@@ -83,17 +83,17 @@ def _new_token(pools: str) -> str:
     )
 
 
-def token_router(scheduler: Scheduler, admin_only: Callable[..., Any]) -> APIRouter:
+def token_router(control: ControlLoop, admin_only: Callable[..., Any]) -> APIRouter:
     """The admins' routes: make, list and revoke agent tokens."""
     router = APIRouter()
-    tokens = AgentTokens(scheduler.store)
+    tokens = AgentTokens(control.store)
 
     @router.post("/agent-tokens", status_code=201)
     def create_agent_token(
         body: AgentTokenRequest,
         _admin: Any = Depends(admin_only),  # noqa: B008
     ) -> AgentTokenMade:
-        unknown = [p for p in body.pools if p not in scheduler.remote]
+        unknown = [p for p in body.pools if p not in control.remote]
         if unknown:
             raise NotFound(
                 f"no remote pool {', '.join(unknown)}; an agent token serves pools declared with "
@@ -118,11 +118,11 @@ def token_router(scheduler: Scheduler, admin_only: Callable[..., Any]) -> APIRou
     return router
 
 
-def agent_pools_of(scheduler: Scheduler) -> Callable[..., list[str]]:
+def agent_pools_of(control: ControlLoop) -> Callable[..., list[str]]:
     """The dependency of every agent API route: the pools the caller's agent token serves, or
     401 saying why the token is not in force. Looked up on every call, so that a revocation
     takes effect at once."""
-    tokens = AgentTokens(scheduler.store)
+    tokens = AgentTokens(control.store)
 
     def agent_pools(authorization: Annotated[str | None, Header()] = None) -> list[str]:
         token = bearer(authorization)

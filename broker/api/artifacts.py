@@ -22,7 +22,6 @@ from broker.http.asgi import Scope
 from broker.http.callers import ActorAuth
 from broker.http.paths import API, TaskId
 from broker.names import ARTIFACT, FILENAME
-from broker.tasks import artifacts
 from broker.tasks.schemas import ArtifactOut
 
 router = APIRouter(prefix=API)
@@ -58,19 +57,18 @@ async def upload(
     filename: Annotated[str | None, Query(pattern=FILENAME)] = None,
 ) -> ArtifactOut:
     """Store the body as the task's artifact `name` (replacing one of that name)."""
-    loop = tasks.loop
-    task = artifacts.writable(loop, actor, task_id)
+    task = tasks.artifact_writable(actor, task_id)
     store = store_of(request)
     content_length = request.headers.get("content-length")
     if content_length is not None and not content_length.isdigit():
         raise HTTPException(400, "the Content-Length header is not a number")
     declared = None if content_length is None else int(content_length)
-    room = artifacts.room_for(loop, task, name, declared, store.max_bytes)
+    room = tasks.artifact_room(task, name, declared, store.max_bytes)
     try:
-        digest, size = await store.put(_body(request, task.id, room, loop.estate.limits))
+        digest, size = await store.put(_body(request, task.id, room, tasks.limits))
     except OverBound as exc:
         raise TooLarge(str(exc)) from None
-    return artifacts.stored(loop, task, name, kind, filename or name, digest, size)
+    return tasks.artifact_stored(task, name, kind, filename or name, digest, size)
 
 
 async def _body(request: Request, task_id: int, room: int, limits: Limits) -> AsyncIterator[bytes]:
@@ -88,7 +86,7 @@ async def _body(request: Request, task_id: int, room: int, limits: Limits) -> As
 
 @router.get("/tasks/{task_id}/artifacts")
 def listing(task_id: TaskId, tasks: Tasks, actor: ActorAuth) -> list[ArtifactOut]:
-    return artifacts.listing(tasks.loop, actor, task_id)
+    return tasks.artifact_list(actor, task_id)
 
 
 @router.get(
@@ -99,7 +97,7 @@ def listing(task_id: TaskId, tasks: Tasks, actor: ActorAuth) -> list[ArtifactOut
 def download(
     task_id: TaskId, name: Name, request: Request, tasks: Tasks, actor: ActorAuth
 ) -> StreamingResponse:
-    found = artifacts.readable(tasks.loop, actor, task_id, name)
+    found = tasks.artifact(actor, task_id, name)
     return StreamingResponse(
         store_of(request).read(found["digest"]),
         media_type="application/octet-stream",

@@ -16,7 +16,7 @@ from broker.api.estate import estate_router
 from broker.api.identity import identity_router
 from broker.api.tasks import tasks_router
 from broker.artifacts import ArtifactStore
-from broker.control.loop import Scheduler
+from broker.control.loop import ControlLoop
 from broker.http.callers import Auth, Caller
 from broker.http.paths import API
 from broker.identity.resolve import Identities
@@ -48,10 +48,10 @@ OPENAPI: dict[str, Any] = {
 }
 
 
-def mount_api(app: FastAPI, scheduler: Scheduler, identities: Identities) -> None:
+def mount_api(app: FastAPI, control: ControlLoop, identities: Identities) -> None:
     """Every API router on `app`, in the order their paths are matched."""
-    settings = scheduler.estate.artifacts
-    app.state.artifacts = ArtifactStore(settings.store, scheduler.home, settings.max_bytes)
+    settings = control.estate.artifacts
+    app.state.artifacts = ArtifactStore(settings.store, control.home, settings.max_bytes)
     app.include_router(sdk.router)
     app.include_router(artifacts.router)
     app.include_router(sweeps.router)
@@ -61,10 +61,10 @@ def mount_api(app: FastAPI, scheduler: Scheduler, identities: Identities) -> Non
         authz.check_admin(who, "do this")
         return who
 
-    app.include_router(agent_router(scheduler, admin))
+    app.include_router(agent_router(control, admin))
 
-    tasks = TaskService(scheduler)
+    tasks = TaskService(control)
     app.state.tasks = tasks  # the SDK's, sweeps' and artifacts' routers find it (service_of)
-    app.include_router(estate_router(scheduler))
+    app.include_router(estate_router(control))
     app.include_router(tasks_router(tasks))
     app.include_router(apps_router, prefix=API)

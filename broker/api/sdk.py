@@ -7,14 +7,13 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Query
 
-from broker.api.apps import relaunch_task
+from broker.api.apps import Apps
 from broker.api.tasks import Tasks
-from broker.apps.launch import APPLICATION
-from broker.http.callers import ActorAuth, scheduler_of
+from broker.http.callers import ActorAuth
 from broker.http.paths import API, TaskId
-from broker.tasks import records
+from broker.tasks.apps import clone_task
 from broker.tasks.schemas import TaskOut
 from broker.tasks.sdk_schemas import (
     CloneIn,
@@ -34,25 +33,25 @@ router = APIRouter(prefix=API)
 
 @router.get("/sdk/settings")
 def settings(tasks: Tasks, actor: ActorAuth) -> SettingsOut:
-    return records.settings(tasks.loop)
+    return tasks.sdk_settings()
 
 
 @router.post("/sdk/tasks", status_code=201)
 def record(body: RecordIn, tasks: Tasks, actor: ActorAuth) -> RecordOut:
     """Record a task: run here (no resource), queued on a resource, or reusing outputs."""
-    return records.record(tasks.loop, actor, body)
+    return tasks.record(actor, body)
 
 
 @router.post("/sdk/tasks/batch", status_code=201)
 def record_steps(body: StepsIn, tasks: Tasks, actor: ActorAuth) -> list[TaskOut]:
     """Steps queued on compute resources, made together in one transaction: all, or none
     (the error names the first step that fails). A pipeline starts every ready step so."""
-    return records.record_steps(tasks.loop, actor, body)
+    return tasks.record_steps(actor, body)
 
 
 @router.get("/sdk/tasks/{task_id}")
 def get_record(task_id: TaskId, tasks: Tasks, actor: ActorAuth) -> TaskOut:
-    return records.get_record(tasks.loop, actor, task_id)
+    return tasks.get_record(actor, task_id)
 
 
 @router.post("/sdk/tasks/{task_id}/parameters")
@@ -61,48 +60,38 @@ def parameters(
 ) -> ParametersOut:
     """Record parameters; with overwrite false, the values stored on the task win (a task
     cloned with edited values runs with them, whatever the script's defaults say)."""
-    merged = records.merge_parameters(tasks.loop, actor, task_id, body.values, body.overwrite)
+    merged = tasks.merge_parameters(actor, task_id, body.values, body.overwrite)
     return ParametersOut(parameters=merged)
 
 
 @router.post("/sdk/tasks/{task_id}/remote")
 def execute_remotely(task_id: TaskId, body: RemoteIn, tasks: Tasks, actor: ActorAuth) -> TaskOut:
     """A task running locally becomes the same task queued on a compute resource."""
-    return records.send_remote(tasks.loop, actor, task_id, body)
+    return tasks.send_remote(actor, task_id, body)
 
 
 @router.post("/sdk/tasks/{task_id}/end")
 def end(task_id: TaskId, body: EndIn, tasks: Tasks, actor: ActorAuth) -> TaskOut:
     """A local run ends by its own word: no pool capacity was involved (SECURITY.md 7)."""
-    return records.end(tasks.loop, actor, task_id, body)
+    return tasks.end(actor, task_id, body)
 
 
 @router.post("/sdk/tasks/{task_id}/clone", status_code=201)
-def clone(
-    task_id: TaskId, body: CloneIn, request: Request, tasks: Tasks, actor: ActorAuth
-) -> TaskOut:
+def clone(task_id: TaskId, body: CloneIn, tasks: Tasks, apps: Apps, actor: ActorAuth) -> TaskOut:
     """A new queued task with the same code, packages and parameters (edited)."""
-    loop = tasks.loop
-    task = records.find(loop, task_id, actor)
-    if task.spec.kind == APPLICATION:  # an app again: through every rule of a launch
-        hub = request.app.state.route_hub
-        relaunched = relaunch_task(
-            scheduler_of(request), actor, task, hub, body.resource, body.name
-        )
-        return records.shown(loop, relaunched)
-    return records.clone(loop, actor, task, body)
+    return clone_task(tasks, apps, actor, task_id, body)
 
 
 @router.get("/sdk/tasks/{task_id}/steps")
 def steps(task_id: TaskId, tasks: Tasks, actor: ActorAuth) -> list[StepOut]:
     """A pipeline's steps, each with the steps whose outputs it reads."""
-    return records.steps(tasks.loop, actor, task_id)
+    return tasks.steps(actor, task_id)
 
 
 @router.post("/sdk/tasks/{task_id}/cancel")
 async def cancel(task_id: TaskId, tasks: Tasks, actor: ActorAuth) -> TaskOut:
     """Cancel a task, or a pipeline's step with the pipeline's own token."""
-    return await records.cancel(tasks.loop, actor, task_id)
+    return await tasks.cancel_record(actor, task_id)
 
 
 @router.get("/sdk/cached")
@@ -113,4 +102,4 @@ def cached(
 ) -> TaskOut:
     """The newest completed task of the caller with this cache key (same code and inputs);
     for a report token, the newest such step of its own pipeline run (reuse allows no other)."""
-    return records.cached(tasks.loop, actor, key)
+    return tasks.cached(actor, key)

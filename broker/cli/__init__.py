@@ -10,17 +10,25 @@ from typing import Any
 import click
 
 from broker import config
-from broker.cli import apps, completion, login, platform, sdk, submit, tasks, tokens
+from broker.cli import apps, completion, db, login, platform, sdk, submit, tasks, tokens
+from broker.cli.server_extra import LOAD_ERRORS, missing_server
 from broker.client import one_line
 from broker.errors import EstateError, KliqueError
 
 
 class KliqueGroup(click.Group):
-    """Turns Klique's errors into one line on stderr and a non-zero exit."""
+    """Turns Klique's errors, and a platform command run without the server extra, into one
+    line on stderr and a non-zero exit."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except LOAD_ERRORS as exc:
+            hint = missing_server(exc, ctx.invoked_subcommand)
+            if hint is None:
+                raise
+            click.echo(f"klique: {hint}", err=True)
+            sys.exit(1)
         except EstateError as exc:
             for problem in exc.problems:  # one line each, FILE:LINE: field: what; fix: how
                 click.echo(one_line(problem), err=True)
@@ -64,6 +72,7 @@ COMMANDS: tuple[click.Command, ...] = (
     platform.template,
     platform.usage,
     platform.policy,
+    db.db,
     tokens.token,
 )
 for command in COMMANDS:

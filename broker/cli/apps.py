@@ -15,7 +15,7 @@ import click
 from broker.cli.output import json_option, listing
 from broker.cli.tasks import FINAL
 from broker.client import ApiError, Client
-from broker.units import parse_duration_s
+from broker.quantities import parse_duration_s
 
 INSTANCE_COLUMNS = [
     ("id", "ID"),
@@ -252,7 +252,7 @@ def open_route(target: str, browser: bool) -> None:
     name = target
     if target.isdigit():
         path = str(client.get(f"/apps/instances/{target}").get("path") or "")
-        name = path.removeprefix("/routes/").strip("/")
+        name = path[len("/routes/") :].strip("/")  # str.removeprefix is Python 3.9+
         if not path.startswith("/routes/") or not name:
             raise click.ClickException(f"task {target} has no route; `klique app ls` lists apps")
     made = client.post(f"/routes/{name}/code")

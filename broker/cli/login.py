@@ -9,6 +9,7 @@ import click
 
 from broker import config
 from broker.client import ApiError, Client, save_token
+from broker.identity import device
 
 
 @click.command()
@@ -47,13 +48,10 @@ def login(token: str | None, sso: bool, ldap_user: str | None, api: str | None) 
 
 def sso_login(client: Client) -> dict[str, Any]:
     """The device flow against the provider the server names; the credential entry to keep."""
-    # Authlib takes a tenth of a second to load: only a sign-on pays for it, not every command.
-    from broker.identity.device import device_login
-
     oidc = client.get("/auth/config").get("oidc")
     if not oidc:
         raise ApiError(f"the server at {client.api} has no single sign-on; use --token or --ldap")
-    return device_login(oidc, lambda line: click.echo(line, err=True))
+    return device.device_login(oidc, lambda line: click.echo(line, err=True))
 
 
 def ldap_login(client: Client, user: str) -> str:

@@ -22,11 +22,9 @@ def table(
         return
     cells = [[cell(row.get(key)) for key, _ in columns] for row in rows]
     widths = [max(len(head), *(len(c[i]) for c in cells)) for i, (_, head) in enumerate(columns)]
-    click.echo(
-        "  ".join(head.ljust(w) for (_, head), w in zip(columns, widths, strict=True)).rstrip()
-    )
+    click.echo("  ".join(head.ljust(w) for (_, head), w in zip(columns, widths)).rstrip())
     for c in cells:
-        click.echo("  ".join(v.ljust(w) for v, w in zip(c, widths, strict=True)).rstrip())
+        click.echo("  ".join(v.ljust(w) for v, w in zip(c, widths)).rstrip())
 
 
 def cell(value: Any) -> str:

@@ -76,6 +76,13 @@ ROOT_WITHOUT_ESTATE = (
     "server.public_url, else http://HOST:PORT). Required while any pool's nodes are not "
     "this host and the bind address is loopback or 0.0.0.0.",
 )
+@click.option(
+    "--tls-cert",
+    metavar="FILE",
+    help="Serve HTTPS on both listeners with this certificate (PEM, chain included); needs "
+    "--tls-key. Default: plain HTTP (behind a proxy that serves TLS, say).",
+)
+@click.option("--tls-key", metavar="FILE", help="The private key (PEM) of --tls-cert.")
 def server(
     estate_path: str | None,
     host: str,
@@ -85,10 +92,17 @@ def server(
     routes_url: str | None,
     forwarded_allow_ips: str | None,
     public_url: str | None,
+    tls_cert: str | None,
+    tls_key: str | None,
 ) -> None:
     """Run the API, the scheduler and the pool agents in this process."""
     from broker.estate import builtin_estate, load_estate  # the server extra is optional
-    from broker.server import serve  # the server extra is optional
+    from broker.server import serve, tls_files  # the server extra is optional
+
+    try:
+        tls = tls_files(tls_cert, tls_key)
+    except ValueError as exc:
+        raise SystemExit(f"klique: {exc}") from None
 
     home = config.home()
     default = home / "estate.yaml"
@@ -108,6 +122,7 @@ def server(
         routes_url,
         trusted_proxies=forwarded_allow_ips,
         public=public_url,
+        tls=tls,
     )
 
 
@@ -129,11 +144,11 @@ def agent(
     pool: str | None, server: str | None, token_file: str | None, helper_path: str | None
 ) -> None:
     """Serve one pool from its login node: submit, follow and report its tasks."""
-    from broker.agents.remote import serve_pool  # the server extra is optional
-
-    if helper_path:
+    if helper_path:  # the helper is standard-library Python: no server extra needed for it
         click.echo(f"installed {install_helper(Path(helper_path))}")
         return
+    from broker.agents.remote import serve_pool  # the server extra is optional
+
     if not pool or not server:
         raise KliqueError("give --pool NAME and --server URL (or --install-helper PATH)")
     token = (

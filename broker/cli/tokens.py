@@ -11,7 +11,7 @@ import click
 from broker.cli.output import json_option, table, when
 from broker.client import Client
 from broker.names import AGENT_ID_PREFIX
-from broker.units import parse_duration_s
+from broker.quantities import parse_duration_s
 
 
 @click.group()

@@ -1,4 +1,4 @@
-"""The control loop the server runs (`Scheduler`): pure placement (broker/scheduler/) on its
+"""The control loop the server runs (`ControlLoop`): pure placement (broker/scheduler/) on its
 own loop, over the latest snapshot each pool's agent published. It never waits for a pool: it
 writes what it decided (placed, withdraw, preempt) and wakes the pools' agents, which act on
 their own cadence (broker/agents/pool_agent.py). It builds the server's agents with the one
@@ -72,7 +72,7 @@ class RemotePool:
 
 
 @dataclass
-class Scheduler:
+class ControlLoop:
     store: Store
     estate: Estate
     drivers: dict[str, PoolDriver]
@@ -119,7 +119,7 @@ class Scheduler:
             started = time.monotonic()
             try:
                 await self.cycle()
-            except Exception:  # a bad cycle must never stop the scheduler
+            except Exception:  # a bad cycle must never stop the control loop
                 log.exception("placement cycle failed; retrying next cycle")
             # Wakes coalesce: the next cycle waits a few times as long as this one took, so
             # that a long queue's cycles leave the API most of the time, whatever the wakes.
@@ -166,7 +166,11 @@ class Scheduler:
     def _outcome_unknown(self, task: Task) -> PendingReason | None:
         """A placed task whose submission's reply was lost: looked for before it goes again."""
         driver = self.drivers.get(task.pool or "")
-        words = driver.outcome_unknown(task.id) if driver is not None else None
+        remote = self.remote.get(task.pool or "")
+        if remote is not None:  # its agent's last word: this server holds no driver for it
+            words = remote.state.outcome_unknown.get(task.id)
+        else:
+            words = driver.outcome_unknown(task.id) if driver is not None else None
         return PendingReason(PendingCode.OUTCOME_UNKNOWN, words) if words else None
 
     def strangers(self, pool: str) -> set[str]:

@@ -16,7 +16,7 @@ from fastapi import Depends, FastAPI, Header, HTTPException, Request
 from starlette.concurrency import run_in_threadpool
 
 from broker.authz import Action, find_task, needed_scope, report_refusal, scope_problem
-from broker.control.loop import Scheduler
+from broker.control.loop import ControlLoop
 from broker.domain import Task
 from broker.http.cookies import CSRF_HEADER, SESSION_COOKIE
 from broker.identity.resolve import Caller, Identities, Refused
@@ -31,11 +31,11 @@ __all__ = [
     "bearer",
     "caller",
     "caller_of",
+    "control_of",
     "needed_scope",
     "owned_task",
     "report_token_valid",
     "reporting_task",
-    "scheduler_of",
     "scope_problem",
 ]
 
@@ -47,9 +47,9 @@ UNKNOWN_CALLER = (
 )
 
 
-def scheduler_of(request: Request) -> Scheduler:
-    scheduler: Scheduler = request.app.state.scheduler
-    return scheduler
+def control_of(request: Request) -> ControlLoop:
+    control: ControlLoop = request.app.state.control
+    return control
 
 
 def bearer(authorization: str | None) -> str:
@@ -133,7 +133,7 @@ def actor(request: Request, authorization: Annotated[str | None, Header()] = Non
     token = bearer(authorization)
     task = None
     if token and token.count(".") != 2:  # a report token is never a JWT
-        store = scheduler_of(request).store
+        store = control_of(request).store
         task = store.task_for_report_digest(token_digest(token))
     if task is not None:
         refusal = report_refusal(task)

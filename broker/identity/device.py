@@ -1,7 +1,7 @@
 """The CLI's and SDK's side of single sign-on: the device-authorization flow (RFC 8628) for
-`klique login --sso`, and the silent renewal of access tokens with the refresh token
-(Authlib's OAuth 2.0 client). What is kept is one credential entry per server, in the
-credentials file (mode 600, see broker/client.py)."""
+`klique login --sso`, and the silent renewal of access tokens with the refresh token, as a
+public client over httpx alone (the client installs without the server's Authlib). What is kept
+is one credential entry per server, in the credentials file (mode 600, see broker/client.py)."""
 
 from __future__ import annotations
 
@@ -12,13 +12,21 @@ from typing import Any
 import httpx
 
 from broker.errors import KliqueError
-from broker.identity.authlib_httpx import OAuth2Client, OAuthError
 
 DEVICE_GRANT = "urn:ietf:params:oauth:grant-type:device_code"
 
 
 class SsoError(KliqueError):
     pass
+
+
+class TokenRefused(SsoError):
+    """The token endpoint's error answer (RFC 6749 5.2): `error` is its code."""
+
+    def __init__(self, error: str, description: str | None) -> None:
+        super().__init__(description or error)
+        self.error = error
+        self.description = description
 
 
 def device_login(
@@ -49,21 +57,16 @@ def _poll(
 ) -> dict[str, Any]:
     interval = float(started.get("interval") or 5)
     deadline = time.monotonic() + float(started.get("expires_in") or 600)
-    with _oauth(entry) as oauth:
-        while time.monotonic() < deadline:
-            sleep(interval)
-            try:
-                return dict(
-                    oauth.fetch_token(
-                        entry["token_endpoint"], grant_type=DEVICE_GRANT, device_code=device_code
-                    )
-                )
-            except OAuthError as exc:
-                if exc.error == "slow_down":
-                    interval += 5  # RFC 8628 3.5
-                elif exc.error != "authorization_pending":
-                    reason = exc.description or exc.error
-                    raise SsoError(f"the login was not completed: {reason}") from None
+    while time.monotonic() < deadline:
+        sleep(interval)
+        try:
+            return _token(entry, {"grant_type": DEVICE_GRANT, "device_code": device_code})
+        except TokenRefused as exc:
+            if exc.error == "slow_down":
+                interval += 5  # RFC 8628 3.5
+            elif exc.error != "authorization_pending":
+                reason = exc.description or exc.error
+                raise SsoError(f"the login was not completed: {reason}") from None
     raise SsoError("the login code expired before it was confirmed; run `klique login --sso`")
 
 
@@ -73,15 +76,12 @@ def renew(entry: dict[str, Any]) -> dict[str, Any]:
     if not refresh_token:
         raise SsoError("no refresh token is kept; run `klique login --sso` again")
     try:
-        with _oauth(entry) as oauth:
-            tokens = dict(oauth.refresh_token(entry["token_endpoint"], refresh_token=refresh_token))
-    except OAuthError as exc:
+        tokens = _token(entry, {"grant_type": "refresh_token", "refresh_token": refresh_token})
+    except TokenRefused as exc:
         raise SsoError(
             "your single sign-on session has ended (the provider said: "
             f"{exc.description or exc.error}); run `klique login --sso` again"
         ) from None
-    except httpx.HTTPError as exc:
-        raise SsoError(f"cannot reach the single sign-on provider: {exc}") from None
     return _with_tokens(entry, tokens)
 
 
@@ -94,13 +94,33 @@ def _with_tokens(entry: dict[str, Any], tokens: dict[str, Any]) -> dict[str, Any
     }
 
 
-def _oauth(entry: dict[str, Any]) -> OAuth2Client:
-    # The system's trust store (and SSL_CERT_FILE): the provider is the company's.
-    return OAuth2Client(
-        client_id=entry["client_id"],
-        token_endpoint_auth_method="none",  # a public client: PKCE and the device code  # noqa: S106
-        timeout=30.0,
-    )
+def _token(entry: dict[str, Any], grant: dict[str, str]) -> dict[str, Any]:
+    """One grant at the token endpoint (RFC 6749 4.1.3, 6; RFC 8628 3.4) as a public client:
+    the client id in the form, no secret. The tokens, or TokenRefused with the provider's code."""
+    form = {**grant, "client_id": str(entry["client_id"])}
+    try:
+        # The system's trust store (and SSL_CERT_FILE): the provider is the company's.
+        response = httpx.post(
+            str(entry["token_endpoint"]),
+            data=form,
+            headers={"Accept": "application/json"},
+            timeout=30,
+        )
+    except httpx.HTTPError as exc:
+        raise SsoError(f"cannot reach the single sign-on provider: {exc}") from None
+    try:
+        answer = response.json()
+    except ValueError:
+        answer = None
+    if not isinstance(answer, dict):
+        raise SsoError(
+            f"the provider's token endpoint answered {response.status_code} without a JSON object"
+        )
+    if "error" in answer or response.status_code != 200 or "access_token" not in answer:
+        error = str(answer.get("error") or f"HTTP {response.status_code}")
+        description = answer.get("error_description")
+        raise TokenRefused(error, str(description) if description else None)
+    return answer
 
 
 def _discovery(issuer: str) -> dict[str, Any]:

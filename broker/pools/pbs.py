@@ -108,8 +108,12 @@ class PbsDriver(BatchDriver):
         r"End of File|Premature end of message|Protocol failure in commit|"
         r"Error \(15031\)|Connection reset by peer|[Tt]imed out"
     )
-    # The client's wait for the server's reply: OpenPBS pbs_tcp_timeout
-    # (PBS_DIS_TCP_TIMEOUT_SHORT, 30 s); the pool's `message_timeout` where a site differs.
+    # How long a request may still be inside the server after its reply was lost: PBS names
+    # no such bound. qsub itself waits up to 3 hours for a reply (OpenPBS pbsD_connect.c sets
+    # pbs_tcp_timeout to PBS_DIS_TCP_TIMEOUT_VLONG once connected; int_rdrpy.c never waits
+    # under PBS_DIS_TCP_TIMEOUT_LONG, 600 s), so Klique's own submit timeout ends it first.
+    # 30 s (PBS_DIS_TCP_TIMEOUT_SHORT, the client's wait before it connects) is Klique's
+    # choice; the pool's `message_timeout` sets a busy server's.
     MESSAGE_TIMEOUT_S = 30.0
     # qsub(1B) -J X-Y: each subjob's index in PBS_ARRAY_INDEX (Torque's qsub -t: PBS_ARRAYID).
     # The server's max_array_size (Torque's max_job_array_size) bounds an array: the pool's

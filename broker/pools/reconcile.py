@@ -187,7 +187,10 @@ def requeued(
 
 
 def requeue_reason(tables: StateTables, status: NativeStatus) -> str:
-    why = status.reason if status.reason not in ("", "None") else "no reason given"
+    # Without the scheduler's reason, its state says why (Slurm 25.11's EXPEDITING: the node
+    # failed and the job goes first).
+    told = tables.reasons.get(status.state) or "no reason given"
+    why = status.reason if status.reason not in ("", "None") else told
     return f"requeued by {tables.kind} (restart {status.restarts}): {why}"
 
 

@@ -39,7 +39,10 @@ SLURM_STATES: dict[str, TaskState] = {
     "REQUEUE_FED": TaskState.PENDING,  # RF: requeued by its federation
     "RESV_DEL_HOLD": TaskState.PENDING,  # RD: held, its reservation was deleted (SLURM_HELD)
     "SPECIAL_EXIT": TaskState.PENDING,  # SE: requeued in a special state, held (SLURM_HELD)
-    # EX (Slurm 25.11): requeued at once, ahead of other jobs, after its node failed.
+    # EXPEDITING (Slurm 25.11, a state flag: JOB_EXPEDITING, "checking for expedited requeue"):
+    # a job submitted with --requeue=expedite (SlurmctldParameters=enable_expedited_requeue)
+    # that failed on a node its Epilog found unhealthy, or whose node went down, is requeued
+    # ahead of every other job (SchedMD's testsuite, "Expedited requeue"). It waits to run again.
     "EXPEDITING": TaskState.PENDING,
     # RV: this cluster's sibling of a federated job, revoked because another cluster of the
     # federation started the job: the task runs there, and its exit file decides.
@@ -75,7 +78,10 @@ SLURM_REASONS: dict[str, str] = {
     "OUT_OF_MEMORY": "ran out of memory (Slurm OUT_OF_MEMORY)",
     "PREEMPTED": "preempted (Slurm PREEMPTED)",
     "REVOKED": "running on another cluster of the federation (Slurm REVOKED here)",
-    "EXPEDITING": "requeued ahead of other jobs after a node failure (Slurm EXPEDITING)",
+    "EXPEDITING": (
+        "requeued ahead of other jobs after its node failed or its Epilog found the node "
+        "unhealthy (Slurm EXPEDITING, --requeue=expedite)"
+    ),
     "REQUEUE_HOLD": "requeued and held (Slurm REQUEUE_HOLD)",
     "SPECIAL_EXIT": "requeued and held (Slurm SPECIAL_EXIT)",
     "RESV_DEL_HOLD": "held (Slurm RESV_DEL_HOLD)",
@@ -89,7 +95,13 @@ SLURM_REASONS: dict[str, str] = {
 # job_mgr.c and agent.c); each says what to do, with the job's id for "{job}". "launch failed
 # requeued held" is not here: the pool's `requeued_held` acts on it (HELD_AFTER_FAILED_LAUNCH).
 SLURM_HELD: dict[str, str] = {
-    "REQUEUE_HOLD": "held by `scontrol requeuehold`; `scontrol release {job}` runs it again",
+    # Also where Slurm 25.11's --requeue=expedite puts a job that failed on nodes whose Epilogs
+    # all found them healthy: the failure is the job's own (SchedMD's testsuite, "Expedited
+    # requeue"), so running it again as it is may fail again.
+    "REQUEUE_HOLD": (
+        "requeued and held (`scontrol requeuehold`, or --requeue=expedite after the job failed "
+        "on healthy nodes); `scontrol release {job}` runs it again, `klique cancel` ends the task"
+    ),
     # What squeue shows once a `scontrol requeuehold` is done: PENDING with this reason
     # (tests/data/slurm/squeue-requeue-held.txt, Slurm 22.05).
     "job requeued in held state": (
@@ -328,6 +340,14 @@ class SlurmDriver(BatchDriver):
         ]
         return found
 
+    def render(self, task: Task, job_dir: str | None = None) -> str:
+        """The job script; a task with an image on several nodes of a Pyxis pool is refused
+        here, before any sbatch, rather than failing once its allocation is granted."""
+        nodes = self.context.estate.resources[task.resource].profile.nodes
+        if task.spec.image and self.settings.container_runtime == "pyxis" and nodes > 1:
+            raise SubmitError(pyxis_one_node(self.pool.name, task.resource, nodes))
+        return super().render(task, job_dir)
+
     def node_launch(self, profile: Profile) -> Markup:
         """srun(1): one runner on each node; --kill-on-bad-exit=1 ends the others when one
         exits non-zero (the task then ends with that rank's reason)."""
@@ -400,6 +420,20 @@ class SlurmDriver(BatchDriver):
 
     def parse_history(self, stdout: str) -> list[NativeStatus]:
         return parse_sacct(stdout)
+
+
+def pyxis_one_node(pool: str, resource: str, nodes: int) -> str:
+    """Why a task on several nodes cannot run its image on a Pyxis pool, and what to do.
+
+    The template starts the runner inside the image with one `srun --ntasks=1
+    --container-image` step (templates/slurm/default.sh.j2): one node's runner, none on the
+    others, so the task would fail only once Slurm had granted every node."""
+    return (
+        f"pool {pool} starts a task's image with Pyxis (container_runtime: pyxis), in one srun "
+        f"step on one node, and compute resource {resource} asks for {nodes} nodes; fix: set "
+        f"the resource's nodes: 1, or serve it from a pool whose container_runtime is enroot, "
+        f"apptainer or charliecloud, or unset (the runner then starts the image on every node)"
+    )
 
 
 @dataclass(frozen=True)

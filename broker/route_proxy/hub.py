@@ -14,10 +14,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from broker.apps.launch import APPLICATION, COUNTED, static_routes
-from broker.control.loop import Scheduler
+from broker.control.loop import ControlLoop
 from broker.route_proxy.access import RouteInfo
-from broker.store.apps import AppStore
+from broker.tasks.apps import running_apps, static_routes
 from inside_job import frames
 
 SWITCH_WINDOW_S = 30.0  # how long a request waits for an instance of its route to be ready
@@ -187,8 +186,8 @@ class Hub:
     """Tunnels by connection: a runner that connects again (a dropped network) is one more
     connection of its task until the old one is seen gone."""
 
-    def __init__(self, scheduler: Scheduler) -> None:
-        self.scheduler = scheduler
+    def __init__(self, control: ControlLoop) -> None:
+        self.control = control
         self.instances: dict[int, Instance] = {}  # by id() of the Instance
         self._changed = asyncio.Event()
         self._turn: dict[str, int] = {}
@@ -241,16 +240,14 @@ class Hub:
         now = time.monotonic()
         if now - self._table_at < _TABLE_TTL_S:
             return
-        store = self.scheduler.store
-        made = AppStore(store).routes()
         table: dict[str, RouteInfo] = {
             r.name: RouteInfo(r.name, "endpoint", frozenset(), frozenset(r.teams), True)
-            for r in static_routes(made, self.scheduler.estate).values()
+            for r in static_routes(self.control).values()
         }
         active: set[int] = set()
-        for task in store.tasks(states=COUNTED, with_diff=False):
+        for task in running_apps(self.control):
             app = task.spec.app
-            if task.spec.kind != APPLICATION or not app:
+            if not app:
                 continue
             active.add(task.id)
             name = str(app.get("route"))

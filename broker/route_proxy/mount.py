@@ -20,7 +20,7 @@ def mount_routes(app: FastAPI) -> None:
     """On the server's app: the tunnel endpoint, the route hub, the codes that open routes in a
     browser, and at /routes the door that sends browsers on to the routes' origin. The proxy
     itself is `app.state.route_proxy`, which the routes listener serves (broker/server.py)."""
-    hub = Hub(app.state.scheduler)
+    hub = Hub(app.state.control)
     keys = RouteKeys()
     app.state.route_hub = hub
     app.state.route_keys = keys

@@ -77,11 +77,17 @@ class RoutesPlace:
 
 
 def routes_place(
-    host: str, port: int, routes_port: int, domain: str | None, public: str | None = None
+    host: str,
+    port: int,
+    routes_port: int,
+    domain: str | None,
+    public: str | None = None,
+    scheme: str = "http",
 ) -> RoutesPlace:
     """`klique server`'s options as a place: `NAME.DOMAIN` on the routes port with a wildcard
-    domain, else the API's host on the routes port; or the public address a proxy in front
-    serves them at (`https://*.routes.example.org`, `*` for the name)."""
+    domain, else the API's host on the routes port (over `scheme`: https when the server
+    serves TLS itself); or the public address a proxy in front serves them at
+    (`https://*.routes.example.org`, `*` for the name)."""
     if routes_port == port:
         raise ValueError(
             f"--routes-port {routes_port} is the API's port: routes need an origin of their "
@@ -92,7 +98,7 @@ def routes_place(
     if public:
         return RoutesPlace(routes_port, public.rstrip("/"))
     where = f"{WILDCARD}.{domain.strip('.')}" if domain else shown
-    return RoutesPlace(routes_port, f"http://{where}:{routes_port}")
+    return RoutesPlace(routes_port, f"{scheme}://{where}:{routes_port}")
 
 
 def place_of(app: Any) -> RoutesPlace:

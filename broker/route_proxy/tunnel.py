@@ -25,13 +25,13 @@ OLD_RUNNER = "the app's runner is older than the server (no flow control): launc
 @router.websocket(f"{API}/tasks/{{task_id}}/tunnel")
 async def tunnel(websocket: WebSocket, task_id: TaskId) -> None:
     """Only the current attempt of a running application, by its own report token."""
-    scheduler = websocket.app.state.scheduler
+    control = websocket.app.state.control
     hub: Hub = websocket.app.state.route_hub
     token = bearer(websocket.headers.get("authorization"))
-    if not report_token_valid(scheduler.store, task_id, token):
+    if not report_token_valid(control.store, task_id, token):
         await websocket.close(POLICY_VIOLATION)
         return
-    task = scheduler.store.get(task_id)
+    task = control.store.get(task_id)
     app = task.spec.app or {}
     if task.spec.kind != APPLICATION or task.state.final or not app.get("route"):
         await websocket.close(POLICY_VIOLATION)

@@ -12,17 +12,17 @@ from broker.bounds import artifacts_problem
 from broker.domain import Task
 from broker.errors import NotFound, TooLarge
 from broker.identity.resolve import Caller
-from broker.tasks.control import ControlLoop
+from broker.tasks.control import TaskControl
 from broker.tasks.records import find, reads
 from broker.tasks.schemas import ArtifactOut
 
 
-def writable(loop: ControlLoop, actor: Caller, task_id: int) -> Task:
+def writable(loop: TaskControl, actor: Caller, task_id: int) -> Task:
     """The task whose artifacts the caller may write: its owner's, or its own report token's."""
     return find(loop, task_id, actor, authz.acts_on)
 
 
-def room_for(loop: ControlLoop, task: Task, name: str, declared: int | None, most: int) -> int:
+def room_for(loop: TaskControl, task: Task, name: str, declared: int | None, most: int) -> int:
     """Bytes the task may still store as `name` (one of that name is replaced, so it does not
     count); TooLarge at once when the declared size is over the store's `most` or the room."""
     limits = loop.estate.limits
@@ -37,7 +37,7 @@ def room_for(loop: ControlLoop, task: Task, name: str, declared: int | None, mos
 
 
 def stored(
-    loop: ControlLoop, task: Task, name: str, kind: str, filename: str, digest: str, size: int
+    loop: TaskControl, task: Task, name: str, kind: str, filename: str, digest: str, size: int
 ) -> ArtifactOut:
     """The artifact, once its bytes are in the store, on the task's record."""
     found = loop.store.add_artifact(
@@ -46,12 +46,12 @@ def stored(
     return ArtifactOut(**found)
 
 
-def listing(loop: ControlLoop, actor: Caller, task_id: int) -> list[ArtifactOut]:
+def listing(loop: TaskControl, actor: Caller, task_id: int) -> list[ArtifactOut]:
     task = find(loop, task_id, actor, lambda a, t: reads(loop, a, t, None))
     return [ArtifactOut(**a) for a in loop.store.artifacts(task.id)]
 
 
-def readable(loop: ControlLoop, actor: Caller, task_id: int, name: str) -> dict[str, Any]:
+def readable(loop: TaskControl, actor: Caller, task_id: int, name: str) -> dict[str, Any]:
     """The artifact's record (digest, size), if the caller may read it."""
     task = find(loop, task_id, actor, lambda a, t: reads(loop, a, t, name))
     found = loop.store.artifact(task.id, name)

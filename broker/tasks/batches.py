@@ -18,11 +18,11 @@ from broker.domain import TaskSpec, TaskState
 from broker.errors import KliqueError, NotFound, TooLarge
 from broker.identity.resolve import Caller
 from broker.names import LINE
-from broker.tasks.control import ControlLoop
+from broker.tasks.cancelling import cancel_steps
+from broker.tasks.control import TaskControl
 from broker.tasks.create import check_batch_size, check_task, spec_of
 from broker.tasks.schemas import SubmitRequest, TaskOut, _Body
 from broker.tasks.sdk_schemas import Parameters
-from broker.tasks.service import cancel_steps
 from broker.tasks.views import task_out
 
 _EARLY = (TaskState.CREATED, TaskState.QUEUED, TaskState.HELD, TaskState.PLACED)
@@ -59,7 +59,7 @@ class SweepOut(BaseModel):
 
 
 def create_many(
-    loop: ControlLoop, who: Caller, items: list[BatchItem], sweep: str | None
+    loop: TaskControl, who: Caller, items: list[BatchItem], sweep: str | None
 ) -> BatchOut:
     """Every item made in one transaction, as a sweep named `sweep` (None: a batch)."""
     check_batch_size(loop.estate, len(items), "tasks (one sweep each)")
@@ -69,7 +69,7 @@ def create_many(
     return BatchOut(sweep=sweep_id, tasks=[task_out(t, loop) for t in tasks])
 
 
-def own_sweep(loop: ControlLoop, sweep_id: int, who: Caller) -> dict[str, Any]:
+def own_sweep(loop: TaskControl, sweep_id: int, who: Caller) -> dict[str, Any]:
     """The caller's own sweep (any for an admin); the same NotFound for another's as for
     none."""
     try:
@@ -82,7 +82,7 @@ def own_sweep(loop: ControlLoop, sweep_id: int, who: Caller) -> dict[str, Any]:
 
 
 def sweep_tasks(
-    loop: ControlLoop, who: Caller, sweep_id: int, limit: int, before: int | None
+    loop: TaskControl, who: Caller, sweep_id: int, limit: int, before: int | None
 ) -> list[TaskOut]:
     """The sweep's tasks, newest first, a page at a time: pass the last id seen as `before`."""
     own_sweep(loop, sweep_id, who)
@@ -92,7 +92,7 @@ def sweep_tasks(
     return [task_out(t, loop) for t in tasks]
 
 
-async def cancel_sweep(loop: ControlLoop, who: Caller, sweep_id: int) -> SweepOut:
+async def cancel_sweep(loop: TaskControl, who: Caller, sweep_id: int) -> SweepOut:
     """Cancel every task of the sweep that has not ended. Queued ones end at once, in one
     transaction; running ones are asked to stop, and their pools confirm it shortly."""
     await asyncio.to_thread(own_sweep, loop, sweep_id, who)
@@ -115,7 +115,7 @@ async def cancel_sweep(loop: ControlLoop, who: Caller, sweep_id: int) -> SweepOu
 
 
 def _checked(
-    loop: ControlLoop, who: Caller, items: list[BatchItem]
+    loop: TaskControl, who: Caller, items: list[BatchItem]
 ) -> list[tuple[TaskSpec, float, dict[str, Any]]]:
     """Every item's spec, GPUs and parameters, or one error, of the first failing item's
     kind, that names the items that fail."""

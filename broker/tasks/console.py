@@ -9,19 +9,19 @@ from pathlib import Path
 from broker.bounds import report_problem
 from broker.domain import Task
 from broker.errors import KliqueError, TooLarge
-from broker.tasks.control import ControlLoop
+from broker.tasks.control import TaskControl
 from broker.tasks.schemas import LogChunk, Report
 from inside_job.reporter import decode_prefix
 
 LOG_CHUNK = 1 << 20  # bytes of console one read answers, at most
 
 
-def console_copy(loop: ControlLoop, task: Task) -> Path:
+def console_copy(loop: TaskControl, task: Task) -> Path:
     """The console as the runner reported it over HTTP, kept in the server's own home."""
     return loop.home / "console" / f"{task.id}.log"
 
 
-def checked_rank(loop: ControlLoop, task: Task, rank: int) -> int:
+def checked_rank(loop: TaskControl, task: Task, rank: int) -> int:
     """A rank of a task on several nodes whose console is asked for: one it has."""
     resource = loop.estate.resources.get(task.resource)
     nodes = resource.profile.nodes if resource is not None else 1
@@ -32,7 +32,7 @@ def checked_rank(loop: ControlLoop, task: Task, rank: int) -> int:
     return rank
 
 
-async def read_console(loop: ControlLoop, task: Task, offset: int, rank: int = 0) -> bytes:
+async def read_console(loop: TaskControl, task: Task, offset: int, rank: int = 0) -> bytes:
     """From the job folder, read as the task's own account by its pool; else the reported copy
     (rank 0's: the other ranks of a task on several nodes are read from the job folder only)."""
     driver = loop.drivers.get(task.pool or "")
@@ -60,7 +60,7 @@ def log_chunk(task: Task, offset: int, data: bytes) -> LogChunk:
     return LogChunk(id=task.id, offset=offset + used, text=text, final=task.state.final)
 
 
-def check_report_bounds(loop: ControlLoop, task: Task, body: Report) -> None:
+def check_report_bounds(loop: TaskControl, task: Task, body: Report) -> None:
     """TooLarge, naming the estate's limit, for a report that would pass one of the task's
     bounds."""
     console = body.console
@@ -72,7 +72,7 @@ def check_report_bounds(loop: ControlLoop, task: Task, body: Report) -> None:
         raise TooLarge(problem)
 
 
-def save_console(loop: ControlLoop, task: Task, offset: int, text: str) -> None:
+def save_console(loop: TaskControl, task: Task, offset: int, text: str) -> None:
     """Append what the runner sent from `offset`; resends of what is there already are
     skipped."""
     path = console_copy(loop, task)

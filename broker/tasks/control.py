@@ -1,4 +1,4 @@
-"""What the task service asks of the control loop (broker/control/loop.py's `Scheduler`
+"""What the task service asks of the control loop (broker/control/loop.py's `ControlLoop`
 answers it): the store and the estate, the last cycle's reasons, a pool's console, a wake and a
 cancel. Named here so that the service is handed exactly this, and tests can hand less."""
 
@@ -21,7 +21,7 @@ class ConsoleSource(Protocol):
     ) -> bytes | None: ...
 
 
-class ControlLoop(Protocol):
+class TaskControl(Protocol):
     store: Store
     estate: Estate  # replaced as a whole when the estate file is reloaded
     home: Path

@@ -10,7 +10,7 @@ from broker.apps.launch import APPLICATION
 from broker.domain import LOCAL_POOL, CodeSpec, Estate, Task, TaskSpec, TaskState
 from broker.errors import NotFound, NotPermitted, TooLarge
 from broker.identity.resolve import Caller
-from broker.tasks.control import ControlLoop
+from broker.tasks.control import TaskControl
 from broker.tasks.creations import Creations
 from broker.tasks.schemas import SubmitRequest
 
@@ -53,7 +53,7 @@ def check_batch_size(estate: Estate, size: int, what: str) -> None:
         )
 
 
-def check_task(loop: ControlLoop, who: Caller, spec: TaskSpec) -> str | None:
+def check_task(loop: TaskControl, who: Caller, spec: TaskSpec) -> str | None:
     """Refuse a task the estate would never run; returns the caller's team."""
     estate = loop.estate
     if spec.resource not in estate.resources:
@@ -73,15 +73,16 @@ def check_task(loop: ControlLoop, who: Caller, spec: TaskSpec) -> str | None:
 
 
 def new_task(
-    loop: ControlLoop,
+    loop: TaskControl,
     who: Caller,
     spec: TaskSpec,
     record: dict[str, Any] | None = None,
     app_admitted: bool = False,
 ) -> Task:
     """A queued task; `record` sets the SDK's fields (parent, parameters, packages, inputs).
-    An app task only from `broker.api.apps.launch_task`, which has passed the app's rules
-    (`app_admitted`): no other path (a clone, an import, a future one) may skip them."""
+    An app task only from broker/tasks/apps.py's `AppService.launch_task`, which has passed
+    the app's rules (`app_admitted`): no other path (a clone, an import, a future one) may
+    skip them."""
     if spec.kind == APPLICATION and not app_admitted:
         app = (spec.app or {}).get("name", "APP")
         raise NotPermitted(
@@ -99,7 +100,7 @@ def new_task(
     return task
 
 
-async def queue_task(loop: ControlLoop, creations: Creations, who: Caller, spec: TaskSpec) -> Task:
+async def queue_task(loop: TaskControl, creations: Creations, who: Caller, spec: TaskSpec) -> Task:
     """A queued task from a single create (`POST /tasks`): the same checks, then written with
     the creates of other requests waiting at the same moment."""
     team = check_task(loop, who, spec)
@@ -110,7 +111,7 @@ async def queue_task(loop: ControlLoop, creations: Creations, who: Caller, spec:
 
 
 def new_record(
-    loop: ControlLoop,
+    loop: TaskControl,
     who: Caller,
     spec: TaskSpec,
     state: TaskState,

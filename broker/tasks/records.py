@@ -21,7 +21,7 @@ from broker.errors import KliqueError, NotFound, NotPermitted, TooLarge
 from broker.identity.resolve import Caller
 from broker.store.identity import token_digest
 from broker.store.rows import spec_json
-from broker.tasks.control import ControlLoop
+from broker.tasks.control import TaskControl
 from broker.tasks.create import check_batch_size, check_task, new_record, new_task
 from broker.tasks.schemas import RunIn, TaskOut
 from broker.tasks.sdk_schemas import (
@@ -39,7 +39,7 @@ from broker.tasks.views import task_out
 Allowed = Callable[[Caller, Task], bool]
 
 
-def reads(loop: ControlLoop, actor: Caller, task: Task, name: str | None) -> bool:
+def reads(loop: TaskControl, actor: Caller, task: Task, name: str | None) -> bool:
     """A user's credential: acts_on. A report token: its task, its steps, and the artifacts it
     was made to read (name None: a listing of a task it reads from)."""
     speaking = authz.speaks_for_task(actor)
@@ -48,7 +48,7 @@ def reads(loop: ControlLoop, actor: Caller, task: Task, name: str | None) -> boo
     return authz.report_token_reads(loop.store.get(speaking), task, name)
 
 
-def find(loop: ControlLoop, task_id: int, actor: Caller, allowed: Allowed = authz.acts_on) -> Task:
+def find(loop: TaskControl, task_id: int, actor: Caller, allowed: Allowed = authz.acts_on) -> Task:
     """The task, if `allowed`; otherwise the same NotFound as a task that does not exist."""
     try:
         task = loop.store.get(task_id)
@@ -59,16 +59,16 @@ def find(loop: ControlLoop, task_id: int, actor: Caller, allowed: Allowed = auth
     return task
 
 
-def shown(loop: ControlLoop, task: Task) -> TaskOut:
+def shown(loop: TaskControl, task: Task) -> TaskOut:
     return task_out(task, loop, detail=True)
 
 
-def get_record(loop: ControlLoop, actor: Caller, task_id: int) -> TaskOut:
+def get_record(loop: TaskControl, actor: Caller, task_id: int) -> TaskOut:
     """A task, or a pipeline's step read with the pipeline's own token."""
     return shown(loop, find(loop, task_id, actor, authz.controls))
 
 
-def settings(loop: ControlLoop) -> SettingsOut:
+def settings(loop: TaskControl) -> SettingsOut:
     estate = loop.estate
     return SettingsOut(
         pipeline_resource=estate.pipeline_resource or estate.default_resource,
@@ -77,7 +77,7 @@ def settings(loop: ControlLoop) -> SettingsOut:
     )
 
 
-def record(loop: ControlLoop, actor: Caller, body: RecordIn) -> RecordOut:
+def record(loop: TaskControl, actor: Caller, body: RecordIn) -> RecordOut:
     """Record a task: run here (no resource), queued on a resource, or reusing outputs."""
     fields = _fields(loop, body, actor)
     if body.reuse is not None:
@@ -88,7 +88,7 @@ def record(loop: ControlLoop, actor: Caller, body: RecordIn) -> RecordOut:
     return RecordOut(**shown(loop, task).model_dump())
 
 
-def record_steps(loop: ControlLoop, actor: Caller, body: StepsIn) -> list[TaskOut]:
+def record_steps(loop: TaskControl, actor: Caller, body: StepsIn) -> list[TaskOut]:
     """Steps queued on compute resources, made together in one transaction: all, or none
     (the error names the first step that fails). A pipeline starts every ready step so."""
     check_batch_size(loop.estate, len(body.tasks), "steps")
@@ -115,7 +115,7 @@ def record_steps(loop: ControlLoop, actor: Caller, body: StepsIn) -> list[TaskOu
 
 
 def merge_parameters(
-    loop: ControlLoop, actor: Caller, task_id: int, values: dict[str, Any], overwrite: bool
+    loop: TaskControl, actor: Caller, task_id: int, values: dict[str, Any], overwrite: bool
 ) -> dict[str, Any]:
     """Record parameters; with overwrite false, the values stored on the task win (a task
     cloned with edited values runs with them, whatever the script's defaults say)."""
@@ -123,7 +123,7 @@ def merge_parameters(
     return loop.store.merge_parameters(task.id, values, overwrite)
 
 
-def send_remote(loop: ControlLoop, actor: Caller, task_id: int, body: RemoteIn) -> TaskOut:
+def send_remote(loop: TaskControl, actor: Caller, task_id: int, body: RemoteIn) -> TaskOut:
     """A task running locally becomes the same task queued on a compute resource."""
     task = _local_task(loop, task_id, actor)
     resource = body.resource or loop.estate.default_resource or ""
@@ -150,7 +150,7 @@ def send_remote(loop: ControlLoop, actor: Caller, task_id: int, body: RemoteIn) 
     return shown(loop, moved)
 
 
-def end(loop: ControlLoop, actor: Caller, task_id: int, body: EndIn) -> TaskOut:
+def end(loop: TaskControl, actor: Caller, task_id: int, body: EndIn) -> TaskOut:
     """A local run ends by its own word: no pool capacity was involved (SECURITY.md 7)."""
     task = _local_task(loop, task_id, actor)
     state = TaskState.COMPLETED if body.outcome == "completed" else TaskState.FAILED
@@ -161,7 +161,7 @@ def end(loop: ControlLoop, actor: Caller, task_id: int, body: EndIn) -> TaskOut:
     return shown(loop, ended or loop.store.get(task.id))
 
 
-def clone(loop: ControlLoop, actor: Caller, task: Task, body: CloneIn) -> TaskOut:
+def clone(loop: TaskControl, actor: Caller, task: Task, body: CloneIn) -> TaskOut:
     """A new queued task with the same code, packages and parameters (edited). An app task
     is the adapters' to relaunch, through every rule of an app launch."""
     if task.origin is Origin.LOCAL and task.spec.resource == LOCAL_POOL and not body.resource:
@@ -176,7 +176,7 @@ def clone(loop: ControlLoop, actor: Caller, task: Task, body: CloneIn) -> TaskOu
     return shown(loop, new_task(loop, actor, spec, fields))
 
 
-def steps(loop: ControlLoop, actor: Caller, task_id: int) -> list[StepOut]:
+def steps(loop: TaskControl, actor: Caller, task_id: int) -> list[StepOut]:
     """A pipeline's steps, each with the steps whose outputs it reads."""
     pipeline = find(loop, task_id, actor, authz.controls)
     return [
@@ -195,7 +195,7 @@ def steps(loop: ControlLoop, actor: Caller, task_id: int) -> list[StepOut]:
     ]
 
 
-async def cancel(loop: ControlLoop, actor: Caller, task_id: int) -> TaskOut:
+async def cancel(loop: TaskControl, actor: Caller, task_id: int) -> TaskOut:
     """Cancel a task, or a pipeline's step with the pipeline's own token."""
     task = find(loop, task_id, actor, authz.controls)
     if not task.state.final:
@@ -203,7 +203,7 @@ async def cancel(loop: ControlLoop, actor: Caller, task_id: int) -> TaskOut:
     return shown(loop, task)
 
 
-def cached(loop: ControlLoop, actor: Caller, key: str) -> TaskOut:
+def cached(loop: TaskControl, actor: Caller, key: str) -> TaskOut:
     """The newest completed task of the caller with this cache key (same code and inputs);
     for a report token, the newest such step of its own pipeline run (reuse allows no other)."""
     speaking = authz.speaks_for_task(actor)
@@ -230,7 +230,7 @@ def _spec(body: RunIn, resource: str, name: str, project: str) -> TaskSpec:
     )
 
 
-def _fields(loop: ControlLoop, body: RecordIn, actor: Caller) -> dict[str, Any]:
+def _fields(loop: TaskControl, body: RecordIn, actor: Caller) -> dict[str, Any]:
     """The SDK's fields of a new record, its parent and inputs checked: the caller's own."""
     parent = _parent(loop, body.parent, actor)
     for ref in body.inputs:
@@ -246,7 +246,7 @@ def _fields(loop: ControlLoop, body: RecordIn, actor: Caller) -> dict[str, Any]:
     }
 
 
-def _parent(loop: ControlLoop, parent: int | None, actor: Caller) -> int | None:
+def _parent(loop: TaskControl, parent: int | None, actor: Caller) -> int | None:
     """A report token's tasks are its own task's steps; a user's, under one of the user's."""
     speaking = authz.speaks_for_task(actor)
     if speaking is not None:
@@ -258,7 +258,7 @@ def _parent(loop: ControlLoop, parent: int | None, actor: Caller) -> int | None:
     return parent
 
 
-def _local(loop: ControlLoop, body: RecordIn, actor: Caller, fields: dict[str, Any]) -> RecordOut:
+def _local(loop: TaskControl, body: RecordIn, actor: Caller, fields: dict[str, Any]) -> RecordOut:
     """A run outside any pool, recorded RUNNING as it starts and metered on `(local)`."""
     if authz.speaks_for_task(actor) is not None:
         raise NotPermitted(
@@ -278,7 +278,7 @@ def _local(loop: ControlLoop, body: RecordIn, actor: Caller, fields: dict[str, A
     return RecordOut(**shown(loop, task).model_dump(), report_token=token)
 
 
-def _reuse(loop: ControlLoop, body: RecordIn, actor: Caller, fields: dict[str, Any]) -> RecordOut:
+def _reuse(loop: TaskControl, body: RecordIn, actor: Caller, fields: dict[str, Any]) -> RecordOut:
     """A step whose code and inputs match a completed one: its outputs, without running."""
     assert body.reuse is not None
     speaking = authz.speaks_for_task(actor)
@@ -300,7 +300,7 @@ def _reuse(loop: ControlLoop, body: RecordIn, actor: Caller, fields: dict[str, A
     return RecordOut(**shown(loop, task).model_dump())
 
 
-def _local_task(loop: ControlLoop, task_id: int, actor: Caller) -> Task:
+def _local_task(loop: TaskControl, task_id: int, actor: Caller) -> Task:
     if authz.speaks_for_task(actor) is not None:
         raise NotPermitted("only the owner's own token can send or end a local run")
     task = find(loop, task_id, actor)
@@ -312,7 +312,7 @@ def _local_task(loop: ControlLoop, task_id: int, actor: Caller) -> Task:
     return task
 
 
-def _cached_step(loop: ControlLoop, pipeline: int, key: str) -> Task | None:
+def _cached_step(loop: TaskControl, pipeline: int, key: str) -> Task | None:
     done = [
         s
         for s in loop.store.children(pipeline)

@@ -9,9 +9,12 @@ from typing import Any
 
 from broker import authz
 from broker.authz import Action
-from broker.domain import Task, TaskState
+from broker.domain import Limits, Task, TaskState
 from broker.errors import Conflict, KliqueError
 from broker.identity.resolve import Caller
+from broker.tasks import artifacts, batches, records
+from broker.tasks.batches import BatchItem, BatchOut, SweepOut
+from broker.tasks.cancelling import cancel_task
 from broker.tasks.console import (
     check_report_bounds,
     checked_rank,
@@ -19,17 +22,27 @@ from broker.tasks.console import (
     read_console,
     save_console,
 )
-from broker.tasks.control import ControlLoop
+from broker.tasks.control import TaskControl
 from broker.tasks.create import queue_task, spec_of
 from broker.tasks.creations import Creations
-from broker.tasks.schemas import LogChunk, Report, SubmitRequest, TaskOut, WhyOut
+from broker.tasks.schemas import ArtifactOut, LogChunk, Report, SubmitRequest, TaskOut, WhyOut
+from broker.tasks.sdk_schemas import (
+    CloneIn,
+    EndIn,
+    RecordIn,
+    RecordOut,
+    RemoteIn,
+    SettingsOut,
+    StepOut,
+    StepsIn,
+)
 from broker.tasks.views import task_out, why_out
 
 
 class TaskService:
     """The task service over one control loop (its store, its estate, its reasons)."""
 
-    def __init__(self, loop: ControlLoop) -> None:
+    def __init__(self, loop: TaskControl) -> None:
         self.loop = loop
         self.store = loop.store
         self.creations = Creations(loop.store)
@@ -111,20 +124,87 @@ class TaskService:
         if claim:
             self.loop.wake_pool(task.pool)  # the pool confirms at its next look
 
+    # Many at once: batches and sweeps (broker/tasks/batches.py has the rules).
 
-async def cancel_task(loop: ControlLoop, task: Task) -> Task:
-    """Cancel a task that has not ended, and the steps it made (a pipeline's)."""
-    if task.state.final:
-        return task
-    task = await loop.cancel(task)
-    await cancel_steps(loop, task.id)
-    return task
+    def create_many(self, who: Caller, items: list[BatchItem], sweep: str | None) -> BatchOut:
+        return batches.create_many(self.loop, who, items, sweep)
 
+    def sweep(self, who: Caller, sweep_id: int) -> SweepOut:
+        return SweepOut(**batches.own_sweep(self.loop, sweep_id, who))
 
-async def cancel_steps(loop: ControlLoop, parent: int) -> None:
-    """Cancelling a task cancels the tasks it made (a pipeline's steps) that have not ended."""
-    steps = await asyncio.to_thread(loop.store.children, parent)
-    await asyncio.gather(*(loop.cancel(s) for s in steps if not s.state.final))
+    def sweep_tasks(
+        self, who: Caller, sweep_id: int, limit: int, before: int | None
+    ) -> list[TaskOut]:
+        return batches.sweep_tasks(self.loop, who, sweep_id, limit, before)
+
+    async def cancel_sweep(self, who: Caller, sweep_id: int) -> SweepOut:
+        return await batches.cancel_sweep(self.loop, who, sweep_id)
+
+    # The SDK's: `actor` is a user's credential or a task's report token
+    # (broker/tasks/records.py has the rules of which may do what).
+
+    def sdk_settings(self) -> SettingsOut:
+        return records.settings(self.loop)
+
+    def record(self, actor: Caller, body: RecordIn) -> RecordOut:
+        return records.record(self.loop, actor, body)
+
+    def record_steps(self, actor: Caller, body: StepsIn) -> list[TaskOut]:
+        return records.record_steps(self.loop, actor, body)
+
+    def get_record(self, actor: Caller, task_id: int) -> TaskOut:
+        return records.get_record(self.loop, actor, task_id)
+
+    def find_record(self, actor: Caller, task_id: int) -> Task:
+        """The task, if the actor acts on it; NotFound alike for another's and for none."""
+        return records.find(self.loop, task_id, actor)
+
+    def merge_parameters(
+        self, actor: Caller, task_id: int, values: dict[str, Any], overwrite: bool
+    ) -> dict[str, Any]:
+        return records.merge_parameters(self.loop, actor, task_id, values, overwrite)
+
+    def send_remote(self, actor: Caller, task_id: int, body: RemoteIn) -> TaskOut:
+        return records.send_remote(self.loop, actor, task_id, body)
+
+    def end(self, actor: Caller, task_id: int, body: EndIn) -> TaskOut:
+        return records.end(self.loop, actor, task_id, body)
+
+    def clone(self, actor: Caller, task: Task, body: CloneIn) -> TaskOut:
+        return records.clone(self.loop, actor, task, body)
+
+    def steps(self, actor: Caller, task_id: int) -> list[StepOut]:
+        return records.steps(self.loop, actor, task_id)
+
+    async def cancel_record(self, actor: Caller, task_id: int) -> TaskOut:
+        return await records.cancel(self.loop, actor, task_id)
+
+    def cached(self, actor: Caller, key: str) -> TaskOut:
+        return records.cached(self.loop, actor, key)
+
+    # Artifacts (broker/tasks/artifacts.py: who reads and writes them, the room left).
+
+    @property
+    def limits(self) -> Limits:
+        return self.loop.estate.limits
+
+    def artifact_writable(self, actor: Caller, task_id: int) -> Task:
+        return artifacts.writable(self.loop, actor, task_id)
+
+    def artifact_room(self, task: Task, name: str, declared: int | None, most: int) -> int:
+        return artifacts.room_for(self.loop, task, name, declared, most)
+
+    def artifact_stored(
+        self, task: Task, name: str, kind: str, filename: str, digest: str, size: int
+    ) -> ArtifactOut:
+        return artifacts.stored(self.loop, task, name, kind, filename, digest, size)
+
+    def artifact_list(self, actor: Caller, task_id: int) -> list[ArtifactOut]:
+        return artifacts.listing(self.loop, actor, task_id)
+
+    def artifact(self, actor: Caller, task_id: int, name: str) -> dict[str, Any]:
+        """The artifact's record (digest, size), if the caller may read it."""
+        return artifacts.readable(self.loop, actor, task_id, name)
 
 
 def parse_states(text: str | None) -> list[TaskState] | None:

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from broker.domain import Task, TaskState
 from broker.scheduler.model import PendingReason
-from broker.tasks.control import ControlLoop
+from broker.tasks.control import TaskControl
 from broker.tasks.schemas import ArtifactOut, TaskOut, WhyOut
 
 
-def task_out(task: Task, loop: ControlLoop, detail: bool = False) -> TaskOut:
+def task_out(task: Task, loop: TaskControl, detail: bool = False) -> TaskOut:
     """The task, with the last cycle's reason for a queued one; `detail` adds its events,
     scalars, packages and artifacts (one task's page, not a listing's row)."""
     out = TaskOut.of(task)
@@ -24,7 +24,7 @@ def task_out(task: Task, loop: ControlLoop, detail: bool = False) -> TaskOut:
     return out
 
 
-def why_out(loop: ControlLoop, task: Task) -> WhyOut:
+def why_out(loop: TaskControl, task: Task) -> WhyOut:
     """Why the task waits, as the control loop sees it now; for one that does not wait, its
     state and the reason it last changed."""
     return why_of(task, loop.why(task))

@@ -85,10 +85,10 @@ class TaskListStream:
         self.stamps: dict[int, float] = {}
         self.overlap = OVERLAP_S
         # The reasons as the page drew them: a row is sent again only when its reason changes.
-        self.reasons = {t.id: task_out(t, web.scheduler).reason for t in self.shown.values()}
+        self.reasons = {t.id: task_out(t, web.control).reason for t in self.shown.values()}
 
     def row(self, task: Task) -> str:
-        out = task_out(task, self.web.scheduler)
+        out = task_out(task, self.web.control)
         self.reasons[task.id] = out.reason
         return fragment("_task_row.html", t=out, who=self.who)
 
@@ -112,7 +112,7 @@ class TaskListStream:
         self.stamps = {i: s for i, s in self.stamps.items() if s > self.since - OVERLAP_S}
         for task in self.shown.values():
             if task.state is TaskState.QUEUED:
-                reason = task_out(task, self.web.scheduler).reason
+                reason = task_out(task, self.web.control).reason
                 if reason != self.reasons.get(task.id):
                     events.append(event(f"task-{task.id}", self.row(task), self.cursor()))
         return events
@@ -154,9 +154,7 @@ class TaskStream:
         self.done = False
 
     def why_html(self) -> str:
-        return fragment(
-            "_task_why.html", task=self.task, why=why_out(self.web.scheduler, self.task)
-        )
+        return fragment("_task_why.html", task=self.task, why=why_out(self.web.control, self.task))
 
     def cursor(self) -> str:
         return f"{self.offset}:{self.scalar}"
@@ -167,7 +165,7 @@ class TaskStream:
         if stamp != self.stamp:
             self.stamp = stamp
             self.task = self.web.store.get(self.task.id)
-            out = task_out(self.task, self.web.scheduler, detail=True)
+            out = task_out(self.task, self.web.control, detail=True)
             summary = fragment("_task_summary.html", task=out, **self.context)
             events.append(event("summary", summary, self.cursor()))
             events.append(
@@ -186,7 +184,7 @@ class TaskStream:
 
     async def console(self) -> list[str]:
         final = self.task.state.final
-        data = await read_console(self.web.scheduler, self.task, self.offset)
+        data = await read_console(self.web.control, self.task, self.offset)
         text, used = decode_prefix(data, final and len(data) < (1 << 20))
         self.offset += used
         if final and not data:
@@ -240,7 +238,7 @@ def add_routes(router: APIRouter, web: Web) -> None:
         last = {"html": ""}
 
         def tick() -> list[str]:
-            html = fragment("_pools.html", **resources_context(web.scheduler, who), who=who)
+            html = fragment("_pools.html", **resources_context(web.control, who), who=who)
             if html == last["html"]:
                 return []
             last["html"] = html

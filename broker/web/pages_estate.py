@@ -13,20 +13,22 @@ from urllib.parse import quote
 
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from pydantic import ValidationError
 from starlette.datastructures import UploadFile
 
 from broker import authz
-from broker.control.loop import Scheduler
+from broker.control.loop import ControlLoop
 from broker.domain import TaskState
-from broker.errors import EstateError, KliqueError, NotPermitted
+from broker.errors import EstateError, KliqueError, NotFound, NotPermitted
 from broker.execution import HOLDING
 from broker.preview import render_preview, sample_task
 from broker.store import web as web_store
+from broker.tasks.app_schemas import LaunchRequest
+from broker.tasks.apps import AppService
 from broker.tasks.overview import simulation_out, usage_out
 from broker.tasks.schemas import PoolOut, ResourceOut, SimulateRequest
 from broker.usage import USAGE_KEYS, UsageKey, parse_since
 from broker.web import forms
-from broker.web.features import APP_LAUNCH, APP_STOP, APPS, APPS_RUNNING
 from broker.web.render import HEADERS
 from broker.web.ui import Viewer, Web
 
@@ -44,23 +46,23 @@ class PoolView:
     gpus_used: float
 
 
-def pool_views(scheduler: Scheduler) -> list[PoolView]:
+def pool_views(control: ControlLoop) -> list[PoolView]:
     running = {
-        k[0]: (n, g) for k, n, g in web_store.tally(scheduler.store, [TaskState.RUNNING], "pool")
+        k[0]: (n, g) for k, n, g in web_store.tally(control.store, [TaskState.RUNNING], "pool")
     }
     waiting = {
         k[0]: n
         for k, n, _ in web_store.tally(
-            scheduler.store, [TaskState.PLACED, TaskState.SUBMITTED, TaskState.PENDING], "pool"
+            control.store, [TaskState.PLACED, TaskState.SUBMITTED, TaskState.PENDING], "pool"
         )
     }
     views = []
-    states = scheduler.snapshots()
-    for pool in scheduler.estate.pools.values():
+    states = control.snapshots()
+    for pool in control.estate.pools.values():
         host = not pool.queueing
         views.append(
             PoolView(
-                PoolOut.of(pool, states.get(pool.name), scheduler.strangers(pool.name)),
+                PoolOut.of(pool, states.get(pool.name), control.strangers(pool.name)),
                 pool.slots if host else None,
                 pool.gpus if host else None,
                 running.get(pool.name, (0, 0.0))[0],
@@ -71,19 +73,17 @@ def pool_views(scheduler: Scheduler) -> list[PoolView]:
     return views
 
 
-def resources_context(scheduler: Scheduler, who: Viewer) -> dict[str, Any]:
-    estate = scheduler.estate
+def resources_context(control: ControlLoop, who: Viewer) -> dict[str, Any]:
+    estate = control.estate
     team = estate.team_of(who.user)
-    queued = {
-        k[0]: n for k, n, _ in web_store.tally(scheduler.store, [TaskState.QUEUED], "resource")
-    }
+    queued = {k[0]: n for k, n, _ in web_store.tally(control.store, [TaskState.QUEUED], "resource")}
     return {
         "resources": [
             ResourceOut.of(r, permitted=estate.permitted(team, r.name))
             for r in estate.resources.values()
         ],
         "queued": queued,
-        "pools": pool_views(scheduler),
+        "pools": pool_views(control),
     }
 
 
@@ -108,10 +108,10 @@ def _usage_query(request: Request) -> tuple[UsageKey, str, float | None, str]:
     return by, since_text, since, error  # type: ignore[return-value]
 
 
-def policy_rows(scheduler: Scheduler) -> list[dict[str, Any]]:
-    estate = scheduler.estate
+def policy_rows(control: ControlLoop) -> list[dict[str, Any]]:
+    estate = control.estate
     use: dict[tuple[str, str], int] = {}
-    for (team, resource), n, _ in web_store.tally(scheduler.store, HOLDING, "team", "resource"):
+    for (team, resource), n, _ in web_store.tally(control.store, HOLDING, "team", "resource"):
         use[(team or "", resource)] = n
     rows = []
     for policy in estate.policies.values():
@@ -146,25 +146,19 @@ async def _estate_text(form: Any) -> tuple[str, str]:
     return str(form.get("estate_text") or ""), "<pasted estate>"
 
 
-async def _api_list(web: Web, request: Request, who: Viewer, path: str) -> list[Any]:
-    answer = await web.call_api(request, who, "GET", path)
-    found = answer.json() if answer.status_code == 200 else []
-    return found if isinstance(found, list) else []
-
-
 def add_routes(router: APIRouter, web: Web) -> None:
-    scheduler = web.scheduler
+    control = web.control
 
     @router.get("/pools")
     def pools(request: Request) -> HTMLResponse:
         who = web.viewer(request)
-        return web.page(request, who, "pools.html", **resources_context(scheduler, who))
+        return web.page(request, who, "pools.html", **resources_context(control, who))
 
     @router.get("/usage")
     def usage(request: Request) -> HTMLResponse:
         who = web.viewer(request)
         by, since_text, since, error = _usage_query(request)
-        out = usage_out(scheduler.store, who.caller, by, since)
+        out = usage_out(control.store, who.caller, by, since)
         return web.page(
             request,
             who,
@@ -182,7 +176,7 @@ def add_routes(router: APIRouter, web: Web) -> None:
     def usage_csv(request: Request) -> Response:
         who = web.viewer(request)
         by, _, since, _ = _usage_query(request)
-        out = usage_out(scheduler.store, who.caller, by, since)
+        out = usage_out(control.store, who.caller, by, since)
         buffer = io.StringIO()
         writer = csv.writer(buffer)
         writer.writerow([by, "runs", "ongoing", "gpu_hours", "gpu_seconds", "wall_seconds"])
@@ -206,7 +200,7 @@ def add_routes(router: APIRouter, web: Web) -> None:
     def policies(request: Request) -> HTMLResponse:
         who = web.viewer(request)
         return web.page(
-            request, who, "policies.html", policies=policy_rows(scheduler), result=None, error=""
+            request, who, "policies.html", policies=policy_rows(control), result=None, error=""
         )
 
     @router.post("/policies/simulate")
@@ -216,20 +210,18 @@ def add_routes(router: APIRouter, web: Web) -> None:
         try:
             text, source = await _estate_text(form)
             body = SimulateRequest(estate=text or " ", source=source, include_trace=False)
-            result = simulation_out(scheduler.store, scheduler.snapshots(), body, who.caller)
+            result = simulation_out(control.store, control.snapshots(), body, who.caller)
         except EstateError as exc:
             error = "\n".join(exc.problems)
         except KliqueError as exc:
             error = str(exc)
-        now = {
-            t: scheduler.pending.get(t) for t in ([v.id for v in result.tasks] if result else [])
-        }
+        now = {t: control.pending.get(t) for t in ([v.id for v in result.tasks] if result else [])}
         return web.page(
             request,
             who,
             "policies.html",
             200 if result else 400,
-            policies=policy_rows(scheduler),
+            policies=policy_rows(control),
             result=result,
             waiting_now=now,
             error=error,
@@ -244,7 +236,7 @@ def add_routes(router: APIRouter, web: Web) -> None:
             return web.error(
                 request, who, 403, "the template preview is for the platform team (an admin)"
             )
-        estate = scheduler.estate
+        estate = control.estate
         resource = request.query_params.get("resource") or ""
         pool = request.query_params.get("pool") or None
         check = request.query_params.get("check") == "1"
@@ -268,18 +260,20 @@ def add_routes(router: APIRouter, web: Web) -> None:
             error=error,
         )
 
+    def apps_of(request: Request) -> AppService:
+        return AppService(control, request.app.state.route_hub)
+
     @router.get("/apps")
-    async def apps(request: Request) -> HTMLResponse:
+    def apps(request: Request) -> HTMLResponse:
         who = web.viewer(request)
         if not web.features(request).apps:
             return web.error(request, who, 404, "this server has no apps yet")
-        catalogue = await _api_list(web, request, who, APPS)
-        running = await _api_list(web, request, who, APPS_RUNNING)
+        service = apps_of(request)
         entries = [
-            {**entry, "fields": forms.fields(entry.get("form") or {})}
-            for entry in catalogue
-            if isinstance(entry, dict) and "name" in entry
+            {**app.model_dump(mode="json"), "fields": forms.fields(app.form)}
+            for app in service.apps(who.caller)
         ]
+        running = [i.model_dump(mode="json") for i in service.instances(who.caller)]
         return web.page(
             request,
             who,
@@ -292,30 +286,37 @@ def add_routes(router: APIRouter, web: Web) -> None:
     @router.post("/apps/{name}/launch")
     async def app_launch(request: Request, name: str) -> Response:
         who, form = await web.posted(request)
-        catalogue = await _api_list(web, request, who, APPS)
-        entry = next((e for e in catalogue if isinstance(e, dict) and e.get("name") == name), None)
-        if entry is None:
+        service = apps_of(request)
+        try:
+            app = await asyncio.to_thread(service.app, who.caller, name)
+        except NotFound:
             return web.error(request, who, 404, f"no app {name!r} in the catalogue")
-        body: dict[str, Any] = {"params": forms.values(entry.get("form") or {}, form)}
-        if form.get("resource"):
-            body["resource"] = str(form.get("resource"))
-        answer = await web.call_api(
-            request, who, "POST", APP_LAUNCH.format(name=quote(name, safe="")), body
-        )
-        return _after_app_call(answer)
+        try:
+            body = LaunchRequest(
+                params=forms.values(app.form, form),
+                resource=str(form.get("resource") or "") or None,
+            )
+            await asyncio.to_thread(service.launch, who.caller, name, body)
+        except ValidationError as exc:
+            return _back_to_apps("; ".join(str(e["msg"]) for e in exc.errors()))
+        except KliqueError as exc:
+            return _back_to_apps(str(exc))
+        return _back_to_apps()
 
     @router.post("/apps/instances/{task_id}/stop")
     async def app_stop(request: Request, task_id: str) -> Response:
         who, _ = await web.posted(request)
-        answer = await web.call_api(
-            request, who, "POST", APP_STOP.format(task_id=quote(task_id, safe="")), {}
-        )
-        return _after_app_call(answer)
+        if not (task_id.isdigit() and 0 < int(task_id) < 2**63):
+            return _back_to_apps(f"no app {task_id[:40]!r} of yours; `klique app ls` lists them")
+        try:
+            await apps_of(request).stop(who.caller, int(task_id))
+        except KliqueError as exc:
+            return _back_to_apps(str(exc))
+        return _back_to_apps()
 
 
-def _after_app_call(answer: Any) -> Response:
+def _back_to_apps(error: str = "") -> Response:
     """Back to the apps page; a refusal's sentence is shown there as the API says it."""
-    if answer.status_code >= 400:
-        detail = answer.json().get("detail", answer.text)
-        return RedirectResponse(f"/apps?error={quote(str(detail)[:2000])}", 303, headers=HEADERS)
+    if error:
+        return RedirectResponse(f"/apps?error={quote(error[:2000])}", 303, headers=HEADERS)
     return RedirectResponse("/apps", 303, headers=HEADERS)

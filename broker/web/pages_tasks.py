@@ -3,6 +3,7 @@ timeline, console, scalars, code, where it ran, why it waits), clone, and compar
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from typing import Any
@@ -10,17 +11,20 @@ from typing import Any
 import httpx
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from pydantic import ValidationError
 
 from broker.authz import Action, owner_filter
 from broker.domain import Task, TaskState
-from broker.errors import NotFound
+from broker.errors import KliqueError, NotFound
+from broker.http.errors import status_of
 from broker.http.paths import TaskId
 from broker.store import web as web_store
+from broker.tasks.apps import AppService, clone_task
+from broker.tasks.cancelling import cancel_task
 from broker.tasks.console import read_console
 from broker.tasks.schemas import TaskOut
-from broker.tasks.service import cancel_task
+from broker.tasks.sdk_schemas import CloneIn
 from broker.tasks.views import task_out, why_out
-from broker.web.features import CLONE
 from broker.web.render import HEADERS
 from broker.web.ui import Viewer, Web, safe_next
 from inside_job.reporter import decode_prefix
@@ -66,7 +70,7 @@ def list_context(web: Web, request: Request, who: Viewer) -> dict[str, Any]:
     before = _before(request)
     since = time.time()  # before the read: the live stream sends what changes from here
     found = web_store.task_page(web.store, where, before, PAGE)
-    rows = [task_out(t, web.scheduler) for t in found.tasks]
+    rows = [task_out(t, web.control) for t in found.tasks]
     query: list[tuple[str, str | int | float | bool | None]] = [
         (k, v) for k, v in request.query_params.multi_items() if k != "before"
     ]
@@ -105,7 +109,7 @@ def _diff_lines(diff: str) -> tuple[list[tuple[str, str]], int]:
 
 
 async def console_text(web: Web, task: Task) -> tuple[str, int]:
-    data = await read_console(web.scheduler, task, 0)
+    data = await read_console(web.control, task, 0)
     text, used = decode_prefix(data, task.state.final)
     return text, used
 
@@ -145,7 +149,7 @@ def compare_rows(outs: list[TaskOut]) -> list[tuple[str, list[Any], bool]]:
 
 
 def add_routes(router: APIRouter, web: Web) -> None:
-    scheduler = web.scheduler
+    control = web.control
 
     @router.get("/")
     def home(request: Request) -> Response:
@@ -165,7 +169,7 @@ def add_routes(router: APIRouter, web: Web) -> None:
             found = web.task(who, task_id)
         except NotFound as exc:
             return web.error(request, who, 404, str(exc))
-        out = task_out(found, scheduler, detail=True)
+        out = task_out(found, control, detail=True)
         out.scalars = web_store.scalars_after(web.store, [found.id])  # with ids: the cursor
         console, offset = await console_text(web, found)
         diff, diff_total = _diff_lines(found.spec.code.diff if found.spec.code else "")
@@ -174,7 +178,7 @@ def add_routes(router: APIRouter, web: Web) -> None:
             who,
             "task.html",
             task=out,
-            why=why_out(scheduler, found),
+            why=why_out(control, found),
             console=console,
             offset=offset,
             diff=diff,
@@ -191,7 +195,7 @@ def add_routes(router: APIRouter, web: Web) -> None:
             found = web.task(who, task_id, Action.CANCEL)
         except NotFound as exc:
             return web.error(request, who, 404, str(exc))
-        await cancel_task(scheduler, found)  # as the API does: a pipeline's steps too
+        await cancel_task(control, found)  # as the API does: a pipeline's steps too
         back = safe_next(str(form.get("back") or f"/tasks/{task_id}"))
         return RedirectResponse(back, status_code=303, headers=HEADERS)
 
@@ -206,7 +210,7 @@ def add_routes(router: APIRouter, web: Web) -> None:
             except NotFound:
                 missing.append(str(task_id))
                 continue
-            await cancel_task(scheduler, found)
+            await cancel_task(control, found)
         if missing:
             return web.error(
                 request, who, 404, f"no task {', '.join(missing)} of yours; nothing done to them"
@@ -225,7 +229,7 @@ def add_routes(router: APIRouter, web: Web) -> None:
             except NotFound as exc:
                 problems.append(str(exc))
                 continue
-            outs.append(task_out(found, scheduler, detail=True))
+            outs.append(task_out(found, control, detail=True))
         return web.page(
             request,
             who,
@@ -241,7 +245,7 @@ def add_routes(router: APIRouter, web: Web) -> None:
     def clone_form(request: Request, task_id: TaskId) -> HTMLResponse:
         who = web.viewer(request)
         try:
-            out = task_out(web.task(who, task_id), scheduler)
+            out = task_out(web.task(who, task_id), control)
         except NotFound as exc:
             return web.error(request, who, 404, str(exc))
         if not web.features(request).clone:
@@ -252,20 +256,23 @@ def add_routes(router: APIRouter, web: Web) -> None:
     async def clone(request: Request, task_id: TaskId) -> Response:
         who, form = await web.posted(request)
         try:
-            out = task_out(web.task(who, task_id, Action.CLONE), scheduler)
+            out = task_out(web.task(who, task_id, Action.CLONE), control)
         except NotFound as exc:
             return web.error(request, who, 404, str(exc))
         if not web.features(request).clone:
             return web.error(request, who, 404, "this server's API has no clone yet")
         params = edited_parameters(getattr(out, "parameters", None) or {}, form)
-        answer = await web.call_api(
-            request, who, "POST", CLONE.format(task_id=task_id), {"parameters": params}
-        )
-        if answer.status_code >= 400:
-            error = str(answer.json().get("detail", answer.text))
-            return web.page(request, who, "clone.html", answer.status_code, task=out, error=error)
-        new_id = int(answer.json()["id"])
-        return RedirectResponse(f"/tasks/{new_id}", status_code=303, headers=HEADERS)
+        tasks = request.app.state.tasks  # the API's task service (set where the app is made)
+        apps = AppService(control, request.app.state.route_hub)
+        try:
+            body = CloneIn(parameters=params)
+            made = await asyncio.to_thread(clone_task, tasks, apps, who.caller, task_id, body)
+        except ValidationError as exc:
+            error = "; ".join(str(e["msg"]) for e in exc.errors())
+            return web.page(request, who, "clone.html", 422, task=out, error=error)
+        except KliqueError as exc:
+            return web.page(request, who, "clone.html", status_of(exc), task=out, error=str(exc))
+        return RedirectResponse(f"/tasks/{made.id}", status_code=303, headers=HEADERS)
 
 
 def edited_parameters(original: dict[str, Any], form: Any) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from fastapi import APIRouter, FastAPI, HTTPException, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from starlette.datastructures import FormData
 
-from broker.control.loop import Scheduler
+from broker.control.loop import ControlLoop
 from broker.http.callers import identities_of
 from broker.http.cookies import clear_session_cookies
 from broker.http.paths import API
@@ -26,10 +26,10 @@ from broker.web.render import HEADERS, page
 from broker.web.ui import Web, safe_next
 
 
-def mount_web(app: FastAPI, scheduler: Scheduler) -> None:
+def mount_web(app: FastAPI, control: ControlLoop) -> None:
     """The site on the server's app, and its error pages for browsers' requests for pages."""
-    app.include_router(web_router(scheduler))
-    install_error_pages(app, Web(scheduler))
+    app.include_router(web_router(control))
+    install_error_pages(app, Web(control))
 
 
 def _static_files() -> dict[str, tuple[bytes, str]]:
@@ -50,10 +50,10 @@ def _static_files() -> dict[str, tuple[bytes, str]]:
     return found
 
 
-def web_router(scheduler: Scheduler) -> APIRouter:
+def web_router(control: ControlLoop) -> APIRouter:
     """The whole site: static files, sign-in and sign-out, and every page."""
     router = APIRouter(include_in_schema=False)
-    web = Web(scheduler)
+    web = Web(control)
     static = _static_files()
 
     @router.get("/static/{name:path}")

@@ -15,14 +15,13 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
-import httpx
 from fastapi import HTTPException, Request
 from fastapi.responses import HTMLResponse
 from starlette.datastructures import FormData
 
 from broker import authz
 from broker.authz import Action
-from broker.control.loop import Scheduler
+from broker.control.loop import ControlLoop
 from broker.domain import Task
 from broker.errors import NotPermitted
 from broker.http.callers import identities_of
@@ -49,11 +48,11 @@ class Viewer:
 
 
 class Web:
-    """What every page needs: the scheduler, the viewer, the features, the base context."""
+    """What every page needs: the control loop, the viewer, the features, the base context."""
 
-    def __init__(self, scheduler: Scheduler) -> None:
-        self.scheduler = scheduler
-        self.store = scheduler.store
+    def __init__(self, control: ControlLoop) -> None:
+        self.control = control
+        self.store = control.store
 
     def identities(self, request: Request) -> Identities:
         return identities_of(request.app)
@@ -99,21 +98,6 @@ class Web:
     def task(self, who: Viewer, task_id: int, action: Action = Action.READ_TASK) -> Task:
         """The task, if authz lets the viewer do `action` to it (NotFound as for none)."""
         return authz.find_task(self.store.get, who, action, task_id)
-
-    async def call_api(
-        self, request: Request, who: Viewer, method: str, path: str, body: Any = None
-    ) -> httpx.Response:
-        """This server's own API, called in-process as the signed-in browser (its cookie and
-        CSRF token), for features whose logic lives only behind the API."""
-        async with httpx.AsyncClient(
-            transport=httpx.ASGITransport(app=request.app),
-            base_url="http://klique.local",
-            cookies={
-                web_session.SESSION_COOKIE: request.cookies.get(web_session.SESSION_COOKIE, ""),
-            },
-            headers={web_session.CSRF_HEADER: who.csrf},
-        ) as client:
-            return await client.request(method, path, json=body)
 
     def features(self, request: Request) -> Features:
         return detect(request.app)

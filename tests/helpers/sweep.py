@@ -1,5 +1,5 @@
 """A sweep through a real placement loop, for each scheduler's job-array test: its tasks queued
-in a store, the scheduler running while the test's steps act, and how each task ended."""
+in a store, the control loop running while the test's steps act, and how each task ended."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from broker.agents.factory import build_runner
-from broker.control.loop import Scheduler
+from broker.control.loop import ControlLoop
 from broker.domain import Task, TaskSpec, TaskState
 from broker.estate import parse_estate
 from broker.pools.base import Context, PoolDriver
@@ -37,17 +37,17 @@ def sweep_estate(scheduler: str, job_root: Path) -> str:
     )
 
 
-def scheduler_over(
+def control_over(
     scheduler: str, job_root: Path, folder: Path, driver_class: Any
-) -> tuple[Store, Any, Scheduler]:
+) -> tuple[Store, Any, ControlLoop]:
     """A store in `folder`, the pool `batch` of `sweep_estate` (a `driver_class`) and a
-    scheduler over them."""
+    control loop over them."""
     estate = parse_estate(sweep_estate(scheduler, job_root))
     store = Store.open(f"sqlite:///{folder / 'k.db'}")
     driver = driver_class(
         estate.pools["batch"], Context(estate, folder, build_runner(folder), None)
     )
-    return store, driver, Scheduler(store, estate, {"batch": driver}, folder)
+    return store, driver, ControlLoop(store, estate, {"batch": driver}, folder)
 
 
 def runs_twice(record: Path, go: Path) -> tuple[str, ...]:
@@ -77,7 +77,7 @@ def queue_sweep(
 async def until(
     done: Callable[[], bool], what: str, running: asyncio.Task[None], timeout: float = 300
 ) -> None:
-    """Wait for `done` while the scheduler runs (its failure is the test's)."""
+    """Wait for `done` while the control loop runs (its failure is the test's)."""
     deadline = time.monotonic() + timeout
     while not done():
         assert time.monotonic() < deadline, f"{what} did not happen within {timeout:g} s"
@@ -85,12 +85,12 @@ async def until(
         await asyncio.sleep(0.2)
 
 
-def run_with(scheduler: Scheduler, driver: PoolDriver, steps: Steps) -> None:
-    """The scheduler's loop, running while `steps` act; stopped, and the pool closed, after."""
+def run_with(control: ControlLoop, driver: PoolDriver, steps: Steps) -> None:
+    """The control loop, running while `steps` act; stopped, and the pool closed, after."""
 
     async def scenario() -> None:
         stop = asyncio.Event()
-        running = asyncio.create_task(scheduler.run(stop))
+        running = asyncio.create_task(control.run(stop))
         try:
             await steps(running)
         finally:

@@ -22,12 +22,12 @@ from helpers.batch import (
 from helpers.sweep import (
     FINAL,
     LSF_MINUTE,
+    control_over,
     ended_as,
     queue_sweep,
     run_with,
     runs_of,
     runs_twice,
-    scheduler_over,
     until,
 )
 
@@ -64,7 +64,7 @@ def test_a_sweep_runs_as_one_lsf_job_array_with_each_element_its_own_task(
     tmp_path: Path, site: tuple[Path, Path]
 ) -> None:
     _folder, job_root = site
-    store, driver, scheduler = scheduler_over("lsf", job_root, tmp_path, LsfDriver)
+    store, driver, control = control_over("lsf", job_root, tmp_path, LsfDriver)
     record, go = job_root / "runs", job_root / "go"  # the requeued task's runs, and its end
     commands = {
         FAILS: ("sh", "-c", "exit 3"),
@@ -78,7 +78,7 @@ def test_a_sweep_runs_as_one_lsf_job_array_with_each_element_its_own_task(
     async def steps(running: asyncio.Task[None]) -> None:
         long_one = lambda: store.get(ids[CANCELLED]).state is TaskState.RUNNING  # noqa: E731
         await until(long_one, "the long task's start", running)
-        await scheduler.cancel(store.get(ids[CANCELLED]))
+        await control.cancel(store.get(ids[CANCELLED]))
         # Requeued once its first run has begun its command and Klique has seen it run.
         seen_run = lambda: store.get(ids[REQUEUED]).state is TaskState.RUNNING  # noqa: E731
         await until(lambda: runs_of(record) == 1 and seen_run(), "the first run", running)
@@ -98,7 +98,7 @@ def test_a_sweep_runs_as_one_lsf_job_array_with_each_element_its_own_task(
         ended = lambda: all(store.get(i).state in FINAL for i in ids)  # noqa: E731
         await until(ended, "the end of every task", running)
 
-    run_with(scheduler, driver, steps)
+    run_with(control, driver, steps)
     tasks = ended_as(store, ids, expected)
     assert tasks[FAILS].exit_code == 3
     assert running_then == [TaskState.RUNNING] and runs_of(record) == 2

@@ -24,12 +24,12 @@ from helpers.batch import (
 )
 from helpers.sweep import (
     FINAL,
+    control_over,
     ended_as,
     queue_sweep,
     run_with,
     runs_of,
     runs_twice,
-    scheduler_over,
     until,
 )
 
@@ -76,7 +76,7 @@ def test_a_sweep_runs_as_one_pbs_job_array_with_each_subjob_its_own_task(
     job_root = open_folder(folder / "jobs")
     path = search_path(login_node(folder, "pbspro", open_folder(folder / "sim"), settings=server))
     monkeypatch.setenv("PATH", path)  # the local transport passes it to the pool's accounts
-    store, driver, scheduler = scheduler_over("pbspro", job_root, folder, PbsDriver)
+    store, driver, control = control_over("pbspro", job_root, folder, PbsDriver)
     record, go = job_root / "runs", job_root / "go"  # the rerun task's runs, and its end
     commands = {
         FAILS: ("sh", "-c", "exit 3"),
@@ -94,7 +94,7 @@ def test_a_sweep_runs_as_one_pbs_job_array_with_each_subjob_its_own_task(
         array = str(store.get(ids[0]).native_id).replace("[0]", "[]")
         _, seen, _ = await asyncio.to_thread(qstat, path, "-t", array)
         seen_running.update(seen)
-        await scheduler.cancel(store.get(ids[CANCELLED]))
+        await control.cancel(store.get(ids[CANCELLED]))
         # Rerun (as root, a PBS manager) once its first run has begun its command and the
         # pool has listed it running with its run_count (a whole look since: the runner's own
         # report may have shown it running first); qrerun answers once the subjob is queued
@@ -102,7 +102,7 @@ def test_a_sweep_runs_as_one_pbs_job_array_with_each_subjob_its_own_task(
         seen_run = lambda: store.get(ids[REQUEUED]).state is TaskState.RUNNING  # noqa: E731
         first_run = lambda: runs_of(record) == 1 and seen_run()  # noqa: E731
         await until(first_run, "the first run of the task to be rerun", running)
-        agent = scheduler.agents["batch"]
+        agent = control.agents["batch"]
         looked = agent.looks + 2
         await until(lambda: agent.looks >= looked, "a look at the first run", running)
         argv = ["qrerun", str(store.get(ids[REQUEUED]).native_id)]
@@ -115,7 +115,7 @@ def test_a_sweep_runs_as_one_pbs_job_array_with_each_subjob_its_own_task(
         ended = lambda: all(store.get(i).state in FINAL for i in ids)  # noqa: E731
         await until(ended, "the end of every task", running)
 
-    run_with(scheduler, driver, steps)
+    run_with(control, driver, steps)
     tasks = ended_as(store, ids, {FAILS: TaskState.FAILED, CANCELLED: TaskState.CANCELLED})
     assert tasks[FAILS].exit_code == 3
 
@@ -164,7 +164,7 @@ def test_a_sweep_runs_as_one_torque_job_array_with_each_subjob_its_own_task(
     job_root = open_folder(folder / "jobs")
     path = search_path(login_node(folder, "torque", open_folder(folder / "sim")))
     monkeypatch.setenv("PATH", path)  # the local transport passes it to the pool's accounts
-    store, driver, scheduler = scheduler_over("torque", job_root, folder, PbsDriver)
+    store, driver, control = control_over("torque", job_root, folder, PbsDriver)
     commands = {FAILS: ("sh", "-c", "exit 3"), CANCELLED: ("sleep", "600")}
     ids = queue_sweep(store, TASKS, commands, "arrays")
     seen: dict[str, dict[str, dict[str, str]]] = {}
@@ -177,11 +177,11 @@ def test_a_sweep_runs_as_one_torque_job_array_with_each_subjob_its_own_task(
         array = str(store.get(ids[0]).native_id).replace("[0]", "[]")
         seen["subjobs"] = (await asyncio.to_thread(torque_qstat, path, "-t", array))[1]
         seen["summary"] = (await asyncio.to_thread(torque_qstat, path, array))[1]
-        await scheduler.cancel(store.get(ids[CANCELLED]))
+        await control.cancel(store.get(ids[CANCELLED]))
         ended = lambda: all(store.get(i).state in FINAL for i in ids)  # noqa: E731
         await until(ended, "the end of every task", running)
 
-    run_with(scheduler, driver, steps)
+    run_with(control, driver, steps)
     tasks = ended_as(store, ids, {FAILS: TaskState.FAILED, CANCELLED: TaskState.CANCELLED})
     assert tasks[FAILS].exit_code == 3
     assert {t.exit_code for n, t in enumerate(tasks) if n not in (FAILS, CANCELLED)} == {0}

@@ -17,7 +17,7 @@ from test_slurm_burst import ESTATE as BURST_ESTATE
 from test_slurm_burst import jobs_named, listed_jobs, seeded_store
 
 from broker.agents.factory import build_runner
-from broker.control.loop import Scheduler
+from broker.control.loop import ControlLoop
 from broker.domain import TaskState
 from broker.estate import parse_estate
 from broker.pools.base import Context
@@ -37,22 +37,22 @@ def job_root(slurm_cluster: Any) -> Any:
         yield root
 
 
-def slurm_scheduler(
+def slurm_control(
     tmp_path: Path, job_root: Path, more: str = ""
-) -> tuple[Store, SlurmDriver, Scheduler]:
+) -> tuple[Store, SlurmDriver, ControlLoop]:
     """A store whose ids are this run's alone, the Slurm pool (with `more` settings) and a
-    scheduler over them."""
+    control loop over them."""
     estate = parse_estate(ESTATE.format(job_root=job_root, python=JOB_PYTHON) + more)
     store = seeded_store(tmp_path / "k.db")
     context = Context(estate, tmp_path, build_runner(tmp_path), None)
     driver = SlurmDriver(estate.pools["slurm"], context)
-    return store, driver, Scheduler(store, estate, {"slurm": driver}, tmp_path)
+    return store, driver, ControlLoop(store, estate, {"slurm": driver}, tmp_path)
 
 
 def test_a_sweep_runs_as_one_job_array_with_each_element_its_own_task(
     tmp_path: Path, job_root: Path
 ) -> None:
-    store, driver, scheduler = slurm_scheduler(tmp_path, job_root)
+    store, driver, control = slurm_control(tmp_path, job_root)
     marker = job_root / "ran-once"  # the requeued task's first run sleeps; its second ends
     commands = {
         FAILS: ("sh", "-c", "exit 3"),
@@ -67,7 +67,7 @@ def test_a_sweep_runs_as_one_job_array_with_each_element_its_own_task(
     async def steps(running: asyncio.Task[None]) -> None:
         await until(lambda: all(store.get(i).native_id for i in ids), "every submission", running)
         await until(in_state(CANCELLED, TaskState.RUNNING), "the long task's start", running)
-        await scheduler.cancel(store.get(ids[CANCELLED]))
+        await control.cancel(store.get(ids[CANCELLED]))
         # Requeued once its first run has begun its command and Klique has seen it run.
         first_run = lambda: marker.exists() and in_state(REQUEUED, TaskState.RUNNING)()  # noqa: E731
         await until(first_run, "the first run of the task to be requeued", running)
@@ -77,7 +77,7 @@ def test_a_sweep_runs_as_one_job_array_with_each_element_its_own_task(
         ended = lambda: all(store.get(i).state in FINAL for i in ids)  # noqa: E731
         await until(ended, "the end of every task", running)
 
-    run_with(scheduler, driver, steps)
+    run_with(control, driver, steps)
     tasks = ended_as(store, ids, {FAILS: TaskState.FAILED, CANCELLED: TaskState.CANCELLED})
     assert tasks[FAILS].exit_code == 3
 
@@ -99,13 +99,13 @@ def test_a_sweep_runs_as_one_job_array_with_each_element_its_own_task(
 
 
 def test_arrays_turned_off_give_each_task_its_own_job(tmp_path: Path, job_root: Path) -> None:
-    store, driver, scheduler = slurm_scheduler(tmp_path, job_root, "    job_arrays: false\n")
+    store, driver, control = slurm_control(tmp_path, job_root, "    job_arrays: false\n")
     ids = queue_sweep(store, 3, {}, "single")
 
     async def steps(running: asyncio.Task[None]) -> None:
         await until(lambda: all(store.get(i).state in FINAL for i in ids), "every end", running)
 
-    run_with(scheduler, driver, steps)
+    run_with(control, driver, steps)
     tasks = ended_as(store, ids, {})
     assert all(jobs_named(t.tag) == [t.native_id] for t in tasks)
     store.close()

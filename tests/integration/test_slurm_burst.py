@@ -16,7 +16,7 @@ from helpers.batch import JOB_PYTHON, sticky_job_root
 
 from broker import fileops
 from broker.agents.factory import build_runner
-from broker.control.loop import Scheduler
+from broker.control.loop import ControlLoop
 from broker.domain import TaskSpec, TaskState
 from broker.estate import parse_estate
 from broker.pools.base import Context
@@ -91,14 +91,14 @@ def test_a_burst_is_submitted_in_few_commands_with_one_job_per_task(
         return await run(argv, **kwargs)
 
     driver.transport.run = counted  # type: ignore[method-assign]
-    scheduler = Scheduler(store, estate, {"slurm": driver}, tmp_path)
+    control = ControlLoop(store, estate, {"slurm": driver}, tmp_path)
     owners = ["alice", "bob"]
     spec = TaskSpec(command=("true",), resource="cpu")
     ids = [store.create_task(spec, owners[n % 2], None).id for n in range(TASKS)]
 
     async def until_all_ended() -> None:
         stop = asyncio.Event()
-        running = asyncio.create_task(scheduler.run(stop))
+        running = asyncio.create_task(control.run(stop))
         deadline = time.monotonic() + 300
         try:
             while not all(store.get(i).state in FINAL for i in ids):

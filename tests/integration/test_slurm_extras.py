@@ -11,7 +11,7 @@ from conftest import submitted_id
 from helpers.batch import JOB_PYTHON, open_folder, shared_folder
 
 from broker.agents.factory import build_runner
-from broker.control.loop import Scheduler
+from broker.control.loop import ControlLoop
 from broker.domain import TaskSpec, TaskState
 from broker.estate import parse_estate
 from broker.pools.base import Context
@@ -75,17 +75,17 @@ def test_a_task_cancelled_while_queued_in_klique_never_reaches_slurm(tmp_path, j
     estate = parse_estate(ESTATE.format(job_root=job_root, python=JOB_PYTHON))
     store = Store.open(f"sqlite:///{tmp_path / 'k.db'}")
     context = Context(estate, tmp_path, build_runner(tmp_path), None)
-    scheduler = Scheduler(
+    control = ControlLoop(
         store, estate, {"slurm": SlurmDriver(estate.pools["slurm"], context)}, tmp_path
     )
     task = store.create_task(TaskSpec(command=("true",), resource="cpu"), "alice", None)
     before = newest_job_id()
 
     async def cancel_then_cycle():
-        await scheduler.cancel(task)
-        await scheduler.cycle()  # placement
-        await scheduler.agents["slurm"].step()  # the pool's agent
-        await scheduler.drivers["slurm"].close()
+        await control.cancel(task)
+        await control.cycle()  # placement
+        await control.agents["slurm"].step()  # the pool's agent
+        await control.drivers["slurm"].close()
 
     asyncio.run(cancel_then_cycle())
     final = store.get(task.id)

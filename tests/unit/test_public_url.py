@@ -83,7 +83,7 @@ def test_every_pool_kind_tells_its_jobs_the_public_url_not_the_bind_address(
     store = Store.open(f"sqlite:///{tmp_path / 'k.db'}")
     try:
         app = build_app(e, store, tmp_path, public_url(e, "0.0.0.0", 8765, PUBLIC))
-        drivers = app.state.scheduler.drivers
+        drivers = app.state.control.drivers
         task = replace(sample_task(e, "r", "alice"), id=7)
         urls = {n: d.task_document(task, "tok")["report"]["url"] for n, d in drivers.items()}
     finally:
@@ -101,7 +101,7 @@ def test_a_kubernetes_report_url_still_overrides_the_public_url(tmp_path: Path) 
     try:
         app = build_app(e, store, tmp_path, public_url(e, "0.0.0.0", 8765, PUBLIC))
         task = replace(sample_task(e, "r", "alice"), id=7)
-        document = app.state.scheduler.drivers["kube2"].task_document(task, "tok")
+        document = app.state.control.drivers["kube2"].task_document(task, "tok")
     finally:
         store.close()
     assert document["report"]["url"] == "http://klique.svc:8765"

@@ -3,7 +3,7 @@ cycle, or whose pool has said more since, is explained by what the store holds n
 
 from __future__ import annotations
 
-from broker.control.loop import Scheduler
+from broker.control.loop import ControlLoop
 from broker.domain import TaskSpec, TaskState
 from broker.estate import builtin_estate
 from broker.scheduler.model import PendingCode
@@ -13,20 +13,20 @@ from broker.store.repository import Store
 def test_a_task_in_its_pools_queue_is_explained_without_waiting_for_a_cycle(tmp_path) -> None:
     store = Store.open(f"sqlite:///{tmp_path / 'k.db'}")
     estate = builtin_estate(slots=1)
-    scheduler = Scheduler(store, estate, {}, tmp_path)  # no cycle ever runs here
+    control = ControlLoop(store, estate, {}, tmp_path)  # no cycle ever runs here
     pool = next(iter(estate.pools))
     task = store.create_task(TaskSpec(command=("true",), resource="cpu"), "alice", None)
-    assert scheduler.why(task) is None  # queued, and no cycle has looked at it yet
+    assert control.why(task) is None  # queued, and no cycle has looked at it yet
 
     store.update(task.id, state=TaskState.PENDING, pool=pool, reason="Insufficient gpu")
-    reason = scheduler.why(store.get(task.id))
+    reason = control.why(store.get(task.id))
     assert reason is not None and reason.primary is PendingCode.POOL_QUEUE
     assert reason.pools == {pool: "waiting in its queue (Insufficient gpu)"}
 
     store.update(task.id, intent="withdraw")
-    reason = scheduler.why(store.get(task.id))
+    reason = control.why(store.get(task.id))
     assert reason is not None and "withdrawn" in reason.pools[pool]
 
     store.update(task.id, state=TaskState.RUNNING, reason="")
-    assert scheduler.why(store.get(task.id)) is None
+    assert control.why(store.get(task.id)) is None
     store.close()

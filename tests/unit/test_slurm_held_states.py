@@ -120,3 +120,26 @@ def test_a_held_task_is_explained_by_klique_why(store):
     word = pool_queue_reasons(estate, [active], set())[held.id].pools["p"]
     assert word.startswith("waiting in its queue (requeued by slurm (restart 1)")
     assert "special-exit" in word and "scontrol release 11" in word
+
+
+def test_slurm_25_11s_expedited_requeue_is_told_as_slurms_testsuite_shows_it():
+    # SchedMD's testsuite ("Expedited requeue", --requeue=expedite): a job whose node went down,
+    # or whose Epilog failed after it failed, shows EXPEDITING and waits to run again; one that
+    # failed on healthy nodes is requeued into REQUEUE_HOLD.
+    driver, _, estate = slurm_pool(squeue_lines(["EXPEDITING|None|0"]))
+    seen = poll(driver, [task_in(estate, TaskState.SUBMITTED)])[1]
+    assert (seen.state, seen.phase) == (TaskState.PENDING, "")
+    assert "Epilog" in seen.reason and "--requeue=expedite" in seen.reason
+    driver, _, estate = slurm_pool(squeue_lines(["REQUEUE_HOLD|JobHeldUser|0"]))
+    seen = poll(driver, [task_in(estate, TaskState.SUBMITTED)])[1]
+    assert (seen.state, seen.phase) == (TaskState.PENDING, HELD_PHASE)
+    assert "--requeue=expedite" in seen.reason and "scontrol release 11" in seen.reason
+
+
+def test_a_running_task_whose_job_slurm_expedites_goes_back_to_pending_with_why():
+    driver, _, estate = slurm_pool(squeue_lines(["RUNNING|None|0", "EXPEDITING|None|1"]))
+    task = task_in(estate, TaskState.RUNNING)
+    poll(driver, [task])
+    seen = poll(driver, [task])[1]
+    assert (seen.state, seen.requeued) == (TaskState.PENDING, True)
+    assert seen.reason.startswith("requeued by slurm (restart 1): requeued ahead of other jobs")

@@ -15,7 +15,7 @@ from helpers.estates import batch_estate
 from helpers.sim_cluster import simulated
 from test_slurm_site_settings import DEFAULT, SubmittingTransport, slurm_pool
 
-from broker.control.loop import Scheduler
+from broker.control.loop import ControlLoop
 from broker.domain import TaskSpec, TaskState
 from broker.errors import SubmitError, SubmitUnknown, TransportError
 from broker.pools import batch
@@ -246,14 +246,14 @@ def test_klique_why_says_a_placed_tasks_outcome_is_unknown(tmp_path):
         Slurm(sbatch="Unable to contact slurm controller (receive failure)")
     )
     store = Store.open(f"sqlite:///{tmp_path / 'k.db'}")
-    scheduler = Scheduler(store, estate, {"p": driver}, tmp_path)  # no cycle runs here
+    control = ControlLoop(store, estate, {"p": driver}, tmp_path)  # no cycle runs here
     task = store.create_task(TaskSpec(command=("true",), resource="r"), "alice", None)
     store.update(task.id, state=TaskState.PLACED, pool="p", job_dir=JOB_DIR)
     task = store.get(task.id)
-    assert scheduler.why(task) is None  # placed, its command not answered yet
+    assert control.why(task) is None  # placed, its command not answered yet
     with pytest.raises(SubmitUnknown):
         asyncio.run(driver.submit(task, "token"))
-    reason = scheduler.why(task)
+    reason = control.why(task)
     assert reason is not None and reason.primary is PendingCode.OUTCOME_UNKNOWN
     assert "receive failure" in reason.text and "looks for its tag twice" in reason.text
     store.close()

@@ -11,12 +11,11 @@ from pathlib import Path
 import pytest
 from helpers.estates import estate, profile
 
-from broker.control.loop import Scheduler
+from broker.control.loop import ControlLoop
 from broker.domain import TaskState
 from broker.errors import KliqueError, NotFound, NotPermitted, TooLarge
 from broker.identity.resolve import Caller
 from broker.store.repository import Store
-from broker.tasks import batches
 from broker.tasks.batches import BatchItem
 from broker.tasks.schemas import SubmitRequest
 from broker.tasks.service import TaskService
@@ -27,7 +26,7 @@ ADMIN = Caller("root", True)
 
 
 @pytest.fixture
-def loop(tmp_path: Path) -> Iterator[Scheduler]:
+def loop(tmp_path: Path) -> Iterator[ControlLoop]:
     store = Store.open(f"sqlite:///{tmp_path / 'k.db'}")
     pool = {"kind": "slurm", "job_root": "/jobs", "user_map": {"alice": "alice", "bob": "bob"}}
     site = estate(
@@ -40,12 +39,12 @@ def loop(tmp_path: Path) -> Iterator[Scheduler]:
         policies={"vision": {"resources": ["small"]}},
         limits={"max_diff": 1},  # MiB
     )
-    yield Scheduler(store, site, {}, tmp_path)
+    yield ControlLoop(store, site, {}, tmp_path)
     store.close()
 
 
 @pytest.fixture
-def tasks(loop: Scheduler) -> TaskService:
+def tasks(loop: ControlLoop) -> TaskService:
     return TaskService(loop)
 
 
@@ -92,7 +91,9 @@ def test_a_listing_shows_the_callers_own_newest_first_and_filters(tasks: TaskSer
         tasks.listing(ALICE, states="queued,bogus")
 
 
-def test_why_a_queued_task_waits_is_placements_reason(tasks: TaskService, loop: Scheduler) -> None:
+def test_why_a_queued_task_waits_is_placements_reason(
+    tasks: TaskService, loop: ControlLoop
+) -> None:
     task_id = submit(tasks, ALICE)
     asyncio.run(loop.cycle())  # no driver for pool p: placement says why the task waits
     why = tasks.why(ALICE, task_id)
@@ -114,13 +115,17 @@ def test_a_cancel_by_another_user_is_refused_and_changes_nothing(tasks: TaskServ
     assert again.state is TaskState.CANCELLED
 
 
-def test_a_batch_is_made_whole_or_not_at_all(tasks: TaskService, loop: Scheduler) -> None:
+def test_a_batch_is_made_whole_or_not_at_all(tasks: TaskService) -> None:
     good = BatchItem.model_validate({"command": ["true"], "resource": "small"})
     bad = BatchItem.model_validate({"command": ["true"], "resource": "big"})
     with pytest.raises(NotPermitted, match=r"1 of 2 fail: tasks\[1\].resource"):
-        batches.create_many(loop, ALICE, [good, bad], "sweep")
+        tasks.create_many(ALICE, [good, bad], "sweep")
     assert tasks.listing(ALICE) == []
-    made = batches.create_many(loop, ALICE, [good, good], "sweep")
+    made = tasks.create_many(ALICE, [good, good], "sweep")
     assert made.sweep is not None and len(made.tasks) == 2
+    assert (tasks.sweep(ALICE, made.sweep).size, tasks.sweep(ADMIN, made.sweep).name) == (
+        2,
+        "sweep",
+    )
     with pytest.raises(NotFound, match="no sweep"):
-        batches.own_sweep(loop, made.sweep, Caller("carol", False, team="audio"))
+        tasks.sweep(Caller("carol", False, team="audio"), made.sweep)

@@ -20,7 +20,7 @@ from broker.web.ui import Viewer
 @pytest.fixture
 def web(tmp_path):
     store = Store.open(f"sqlite:///{tmp_path / 'k.db'}")
-    yield SimpleNamespace(store=store, scheduler=SimpleNamespace(store=store, pending={}))
+    yield SimpleNamespace(store=store, control=SimpleNamespace(store=store, pending={}))
     store.close()
 
 

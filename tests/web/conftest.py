@@ -118,7 +118,7 @@ def browser() -> Iterator[object]:
 
 
 def screenshot(driver: object, name: str) -> Path:
-    """The whole page as it is now, into docs/screenshots/NAME.png (shown in the README)."""
+    """The whole page as it is now, into docs/screenshots/NAME.png (shown in docs/web-ui.md)."""
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     path = SCREENSHOTS / f"{name}.png"
     metrics = driver.execute_cdp_cmd("Page.getLayoutMetrics", {})  # type: ignore[attr-defined]

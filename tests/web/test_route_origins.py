@@ -3,18 +3,23 @@ shown to its own owner (unsandboxed) on the route's host under a wildcard domain
 page behind bob's link could when routes shared the UI's origin: read Klique's cookies, call the
 API as the viewer, and read another of the viewer's routes. The browser's own origin rules
 refuse each. Without a wildcard domain (routes on the second listener, one origin for all),
-the API is still another origin, and the proxy refuses one route's page asking another."""
+the API is still another origin, and the proxy refuses one route's page asking another. The
+wildcard case runs twice: against the server itself, and through nginx over HTTPS as a site
+deploys it (deploy/nginx/klique.conf, scripts/nginx-up)."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import HOST_ACCESS_SETTINGS, TASK_PY, wait_for
+from conftest import HOST_ACCESS_SETTINGS, TASK_PY, free_port, wait_for
 from helpers.app import chromium, echo_command, launch, stop, wait_ready
 from helpers.estates import estate_yaml, profile
+from helpers.proxy import need_nginx, nginx_front, server_args
 from selenium.webdriver.common.by import By
 
 from .conftest import _chromium
@@ -28,12 +33,39 @@ fetch(url, init).then(r => r.text().then(t => done(r.status + " " + t)), () => d
 """
 
 
-@pytest.fixture
-def site(server_factory, tmp_path: Path) -> Any:
-    """A server with routes under the wildcard domain routes.test, and alice's token."""
+@dataclass(frozen=True)
+class View:
+    """Where the browser finds the UI and each route, and the flags that let it get there."""
+
+    ui: str
+    route: Callable[[str], str]  # a route's origin, by name
+    flags: list[str] = field(default_factory=list)
+
+
+@pytest.fixture(params=["direct", "nginx"])
+def site(request, server_factory, tmp_path: Path) -> Iterator[tuple[Any, str, View]]:
+    """A server with routes under a wildcard domain, alice's token, and the browser's view of
+    it: the server's own listeners (routes.test), or nginx in front over HTTPS."""
     _chromium()
-    server = server_factory(estate(tmp_path), server_args=["--routes-domain", DOMAIN])
-    return server, server.make_token("alice")
+    if request.param == "direct":
+        server = server_factory(estate(tmp_path), server_args=["--routes-domain", DOMAIN])
+        port = server.routes_url.rsplit(":", 1)[1]
+        flags = [f"--host-resolver-rules=MAP *.{DOMAIN} 127.0.0.1"]
+        yield (
+            server,
+            server.make_token("alice"),
+            View(server.url, lambda name: f"http://{name}.{DOMAIN}:{port}", flags),
+        )
+        return
+    need_nginx()
+    port = free_port()
+    server = server_factory(estate(tmp_path), server_args=server_args(port))
+    with nginx_front(server, port, free_port()) as front:
+        yield (
+            server,
+            server.make_token("alice"),
+            View(front.url, front.route, front.chromium_flags()),
+        )
 
 
 def estate(folder: Path) -> str:
@@ -54,32 +86,31 @@ def estate(folder: Path) -> str:
     )
 
 
-def signed_in(browser: Any, server: Any, token: str) -> None:
-    browser.get(f"{server.url}/login?next=/apps")
+def signed_in(browser: Any, ui: str, token: str) -> None:
+    browser.get(f"{ui}/login?next=/apps")
     browser.find_element(By.ID, "token").send_keys(token)
     browser.find_element(By.CSS_SELECTOR, "form button[type=submit]").click()
-    wait_for(lambda: browser.current_url == f"{server.url}/apps", 30, "the apps page")
+    wait_for(lambda: browser.current_url == f"{ui}/apps", 30, "the apps page")
 
 
 def test_an_apps_page_cannot_reach_klique_or_another_route(site) -> None:
-    server, alice = site
+    server, alice, view = site
     mine = launch(server, alice, "echo-session", params={"name": "mine"})
     other = launch(server, alice, "echo-session", params={"name": "other"})
     for task in (mine, other):
         wait_ready(server, alice, task["id"])
-    port = server.routes_url.rsplit(":", 1)[1]
 
     def address(task: dict[str, Any], rest: str = "") -> str:
         name = task["path"].split("/")[2]
-        return f"http://{name}.{DOMAIN}:{port}{task['path']}{rest}"
+        return f"{view.route(name)}{task['path']}{rest}"
 
-    with chromium(f"--host-resolver-rules=MAP *.{DOMAIN} 127.0.0.1") as browser:
-        signed_in(browser, server, alice)
+    with chromium(*view.flags) as browser:
+        signed_in(browser, view.ui, alice)
         # The UI's own page holds no script-readable cookie: the CSRF token is in the page.
         assert "klique_" not in browser.execute_script("return document.cookie")
         # Opened from the UI, as the apps page's link does: each on its own host, by a code.
         for task in (other, mine):
-            browser.get(f"{server.url}{task['path']}page")
+            browser.get(f"{view.ui}{task['path']}page")
             wait_for(lambda t=task: browser.current_url == address(t, "page"), 30, "the route")
         assert browser.find_element(By.TAG_NAME, "p").text == "mine"
 
@@ -92,7 +123,7 @@ def test_an_apps_page_cannot_reach_klique_or_another_route(site) -> None:
 
         # The API as the viewer: refused by CORS; a write sent blind carries no session.
         whoami = {"credentials": "include"}
-        assert browser.execute_async_script(ATTEMPT, f"{server.url}/api/v1/whoami", whoami) == (
+        assert browser.execute_async_script(ATTEMPT, f"{view.ui}/api/v1/whoami", whoami) == (
             "refused"
         )
         blind = {
@@ -101,7 +132,7 @@ def test_an_apps_page_cannot_reach_klique_or_another_route(site) -> None:
             "mode": "no-cors",
             "body": json.dumps({"name": "from-an-app", "resource": "cpu", "command": ["true"]}),
         }
-        browser.execute_async_script(ATTEMPT, f"{server.url}/api/v1/tasks", blind)
+        browser.execute_async_script(ATTEMPT, f"{view.ui}/api/v1/tasks", blind)
         with server.api(alice) as api:
             names = [t["name"] for t in api.get("/tasks").json()]
         assert "from-an-app" not in names
@@ -128,7 +159,7 @@ def test_without_a_wildcard_domain_a_routes_page_cannot_read_another_route(
     for task in (mine, other):
         wait_ready(server, alice, task["id"])
     with chromium() as browser:
-        signed_in(browser, server, alice)
+        signed_in(browser, server.url, alice)
         for task in (other, mine):
             browser.get(f"{server.url}{task['path']}page")
             want = f"{server.routes_url}{task['path']}page"
