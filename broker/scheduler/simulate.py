@@ -278,7 +278,11 @@ class Trace:
                 }
                 for t in sorted(self.active, key=lambda t: t.id)
             ],
-            "pools": [asdict(s) for _, s in sorted(self.pools.items())],
+            # What placement reads of each pool (not, say, a remote agent's words for `why`).
+            "pools": [
+                {k: v for k, v in asdict(s).items() if k in _PoolIn.model_fields}
+                for _, s in sorted(self.pools.items())
+            ],
             "usage": dict(self.usage),
         }
 
