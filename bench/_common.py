@@ -38,6 +38,8 @@ def klique_server(
             prepare(home)
         args = [sys.executable, "-m", "broker", "server", "--port", str(port := free_port())]
         args += ["--routes-port", str(free_port())]
+        # The bench's clusters run their nodes on this machine: loopback reaches them, said so.
+        args += ["--public-url", f"http://127.0.0.1:{port}"]
         if estate_text is not None:
             (estate := Path(scratch) / "estate.yaml").write_text(estate_text)
             args += ["--estate", str(estate)]
