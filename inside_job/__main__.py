@@ -7,9 +7,6 @@ from __future__ import annotations
 
 import sys
 
-from inside_job.gather import gather
-from inside_job.run import run
-
 USAGE = "usage: klique-runner [--node | --gather] JOB_DIR\n"
 MODES = ("--node", "--gather")
 
@@ -23,7 +20,10 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(USAGE)
         return 2
     if mode == "--gather":
+        from inside_job.gather import gather  # on its path only: every job starts the runner
+
         return gather(args[0])
+    from inside_job.run import run  # on its path only: every job starts the runner
 
     return run(args[0], node=mode == "--node")
 

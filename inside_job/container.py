@@ -21,7 +21,7 @@ import shlex
 import shutil
 
 from inside_job.errors import SetupFailed
-from inside_job.imageref import RUNTIMES, ImageError, is_local, local_kind, parse_version
+from inside_job.imageref import RUNTIMES, ImageError, is_local, local_kind
 
 JOB_MOUNT = "/klique/job"
 WORK_MOUNT = "/klique/work"
@@ -168,6 +168,7 @@ def _escape_for_double_quotes(value: str) -> str:
 
 def apptainer_supports_no_eval(binary: str, version_text: str) -> bool:
     """--no-eval: Apptainer 1.1+, SingularityCE 3.10+ (`singularity-ce version 3.10.0`)."""
+    from inside_job.imageref import parse_version  # on its path only: every job starts the runner
 
     version = parse_version(version_text)
     if version is None:

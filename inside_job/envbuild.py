@@ -9,10 +9,8 @@ import os
 import sys
 import time
 
-from inside_job import envcache, envsource, installer
-from inside_job.jobfiles import write_json
+from inside_job import envsource
 from inside_job.locks import FileLock
-from inside_job.private import package_cache
 
 try:  # the built-in BLAKE2 spares loading OpenSSL (2-3 ms) on every start
     from _blake2 import blake2b
@@ -60,6 +58,8 @@ def provide(spec: TaskSpec, cwd: str, console: Console) -> Handle:
     os.makedirs(envs, exist_ok=True)
     handle = acquire(envs, key, lambda path: build(path, source, uv, spec, console), console)
     if handle.built:
+        from inside_job import envcache  # on its path only: every job starts the runner
+
         budget = spec.env_cache_bytes or DEFAULT_BUDGET_BYTES
         for gone in envcache.evict(envs, budget, keep=key):
             console.say(f"evicted environment {gone[:12]} (cache over {budget} bytes)")
@@ -92,6 +92,7 @@ def build(
     path: str, source: envsource.Source, uv: str | None, spec: TaskSpec, console: Console
 ) -> dict:
     """Build into a temporary folder, write the marker, rename into place; caller holds the lock."""
+    from inside_job import envcache, installer  # on its path only: every job starts the runner
 
     key = os.path.basename(path)
     console.say(
@@ -117,6 +118,8 @@ def build(
 def _install(
     tmp: str, final: str, source: envsource.Source, uv: str | None, spec: TaskSpec
 ) -> None:
+    from inside_job import installer  # on its path only: every job starts the runner
+    from inside_job.private import package_cache  # on its path only: every job starts the runner
 
     cache = package_cache(spec.package_cache)
     if uv:
@@ -129,6 +132,7 @@ def _describe(
     tmp: str, source: envsource.Source, uv: str | None, spec: TaskSpec, seconds: float
 ) -> dict:
     """The ready marker's content."""
+    from inside_job import envcache  # on its path only: every job starts the runner
 
     return {
         "key": os.path.basename(tmp).split(".tmp-")[0],
@@ -189,6 +193,7 @@ def touch(path: str) -> None:
 
 
 def _write_marker(path: str, info: dict) -> None:
+    from inside_job.jobfiles import write_json  # on its path only: every job starts the runner
 
     write_json(os.path.join(path, MARKER), info)
 

@@ -15,8 +15,6 @@ import os
 import time
 
 from inside_job import jobfiles, outcome
-from inside_job import spec as task_spec
-from inside_job.reporter import Reporter
 
 # Lower is worse: the rank whose ending explains the task's.
 _ORDER = {"setup_failed": 0, "failed": 0, "timeout": 1, "preempted": 2, "signalled": 3}
@@ -80,6 +78,7 @@ def _summary(doc: dict | None) -> dict | None:
 
 def gather(job_dir: str) -> int:
     """Write exit.json for the task of job_dir and report it; returns the task's exit code."""
+    from inside_job import spec as task_spec  # on its path only: every job starts the runner
 
     job_dir = os.path.abspath(job_dir)
     try:
@@ -96,6 +95,8 @@ def gather(job_dir: str) -> int:
         console.say(f"the task ended: {final['reason']}")
         console.close()
     if spec.report is not None:
+        from inside_job.reporter import Reporter  # on its path only: every job starts the runner
+
         reporter = Reporter(spec.report.url, spec.report.token, spec.id, job_dir)
         reporter.state(jobfiles.status("done"))
         reporter.close(final)

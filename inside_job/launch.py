@@ -8,7 +8,7 @@ import os
 import pwd
 import subprocess
 
-from inside_job import container, gpus, imageref, scratch, zipapp
+from inside_job import container, gpus, imageref, scratch
 from inside_job.errors import SetupFailed, telling_line
 from inside_job.locks import FileLock
 
@@ -82,6 +82,8 @@ def ensure_runner_archive(job_dir: str) -> None:
     path = os.path.join(job_dir, RUNNER_ARCHIVE)
     if not os.path.exists(path):
         from pathlib import Path
+
+        from inside_job import zipapp  # on its path only: every job starts the runner
 
         zipapp.build(Path(path))
 

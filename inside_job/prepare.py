@@ -5,8 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 
-from inside_job import code, container, envbuild, gpus, launch
-from inside_job.errors import SetupFailed
+from inside_job import gpus
 from inside_job.prepared import AppRun, Prepared
 
 TYPE_CHECKING = False
@@ -25,6 +24,8 @@ def prepare(spec: TaskSpec, console: Console) -> Prepared:
     venv = None
     prepared = Prepared(list(spec.command), {}, cwd)
     if spec.requirements is not None or spec.requirements_file:
+        from inside_job import envbuild  # on its path only: every job starts the runner
+
         handle = envbuild.provide(spec, cwd, console)
         venv, prepared.env_lock, prepared.env_info = handle.path, handle.lock, handle.report()
     runtime = _runtime(spec)
@@ -37,6 +38,8 @@ def prepare(spec: TaskSpec, console: Console) -> Prepared:
     if spec.app is not None:
         prepared.app = app_run(spec, prepared)
     if runtime is not None and runtime != "pyxis":
+        from inside_job import launch  # on its path only: every job starts the runner
+
         try:
             launch.wrap(spec, runtime, prepared, console, grant)
         except BaseException:
@@ -83,6 +86,8 @@ def _check_inside_pyxis(spec: TaskSpec) -> None:
     """Pyxis starts the runner itself inside the image; a runner on the host must not run the
     task there as if it were (templates/slurm/default.sh.j2 sets the marker on its srun)."""
     if os.environ.get(PYXIS_MARKER) != "pyxis":
+        from inside_job.errors import SetupFailed  # on its path only: every job starts the runner
+
         raise SetupFailed(
             f"runtime pyxis, but the runner was not started inside the image {spec.image}: the "
             "batch template must start it with `srun --container-image=...` "
@@ -113,6 +118,7 @@ def task_environment(
 def _code(spec: TaskSpec, console: Console) -> str:
     if spec.code is None:
         return spec.job_dir
+    from inside_job import code  # on its path only: every job starts the runner
 
     mirrors = spec.cache() if spec.code.workdir is None else ""
     if spec.place is not None and spec.place.rank:
@@ -124,6 +130,7 @@ def _code(spec: TaskSpec, console: Console) -> str:
 def _runtime(spec: TaskSpec) -> str | None:
     if spec.image is None:
         return None
+    from inside_job import container  # on its path only: every job starts the runner
 
     return container.choose_runtime(spec.image, spec.runtime)
 

@@ -12,12 +12,8 @@ import signal
 import sys
 import time
 
-from inside_job import jobfiles, outcome, process, ranks
-from inside_job import spec as task_spec
+from inside_job import jobfiles, outcome, process
 from inside_job.errors import SetupFailed
-from inside_job.prepare import clean_up, prepare
-from inside_job.reporter import Reporter
-from inside_job.tunnel import Tunnel, tunnel_url
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -54,14 +50,22 @@ class Run:
     def execute(self) -> dict:
         """Set up and run the task; returns the exit.json fields (without times)."""
         try:
+            # on its path only: every job starts the runner
+            from inside_job import spec as task_spec
+
             spec = task_spec.load(self.job_dir)
             self.spec = spec
             self._expect_run_limit(spec.scheduler)
             if self.place is not None or spec.nodes > 1:
                 self._take_place(spec)
             if spec.report is not None and not (self.place and self.place.rank):
+                # on its path only: every job starts the runner
+                from inside_job.reporter import Reporter
+
                 self.reporter = Reporter(spec.report.url, spec.report.token, spec.id, self.job_dir)
             self.publish("setting_up")
+            # on its path only: every job starts the runner
+            from inside_job.prepare import clean_up, prepare
 
             prepared = prepare(spec, self.console)
             try:
@@ -156,6 +160,9 @@ class AppRunning:
         if spec.report is None:
             console.say("route: the server is not reachable from this job, so its route is closed")
         else:
+            # on its path only: every job starts the runner
+            from inside_job.tunnel import Tunnel, tunnel_url
+
             app = prepared.app
             url = tunnel_url(spec.report.url, spec.id)
             self.tunnel = Tunnel(
@@ -211,5 +218,6 @@ def run(job_dir: str, node: bool = False) -> int:
 
 
 def _place() -> Place:
+    from inside_job.ranks import find  # on its path only: every job starts the runner
 
-    return ranks.find(dict(os.environ))
+    return find(dict(os.environ))

@@ -14,7 +14,6 @@ import shutil
 import stat
 
 from inside_job.locks import FileLock
-from inside_job.private import account, private_dir
 
 _PREFIX = "run-"
 
@@ -23,6 +22,8 @@ def root(configured: str | None) -> str:
     """The estate's `container_scratch` (a private folder per account in it), else
     /var/tmp/klique-<uid>/containers (node-local: unpacked images on a shared home folder fill
     its quota and are slow). Never a folder another account could have made first."""
+    # on its path only: every job starts the runner
+    from inside_job.private import account, private_dir
 
     if configured:
         return private_dir(os.path.join(configured, account()))

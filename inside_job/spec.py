@@ -6,7 +6,6 @@ import json
 import os
 
 from inside_job.errors import SpecError
-from inside_job.private import cache_root
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -101,6 +100,9 @@ class TaskSpec:
         """This account's private cache folder, made on first use (never before it is needed:
         inside a read-only image there may be nowhere to make it)."""
         if self._cache is None:
+            # on its path only: every job starts the runner
+            from inside_job.private import cache_root
+
             self._cache = cache_root(self.cache_setting)
         return self._cache
 

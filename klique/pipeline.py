@@ -14,7 +14,6 @@ import pickle
 import time
 
 from klique._api import KliqueError
-from klique._environment import requirements_to_send
 from klique.artifacts import PICKLE_PROTOCOL, File, check_name
 from klique.task import Task
 
@@ -360,6 +359,8 @@ def _origin_of(task: Task) -> Dict[str, Any]:
         }
     if not task._origin.get("command"):
         raise KliqueError("a pipeline runs from a script file: save it, and run it with python3")
+    # on its path only: every task imports klique
+    from klique._environment import requirements_to_send
 
     return dict(task._origin, requirements=requirements_to_send())
 

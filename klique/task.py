@@ -6,10 +6,8 @@ from __future__ import annotations
 import os
 import sys
 
-from inside_job import report
 from klique import _environment
 from klique._api import Api, KliqueError, job_document
-from klique._local import LocalRun
 from klique.artifacts import Artifacts, upload
 
 TYPE_CHECKING = False
@@ -26,6 +24,7 @@ class Logger:
         self._folder = folder
 
     def scalar(self, name: str, value: float, step: Optional[int] = None) -> None:
+        from inside_job import report  # on its path only: every task imports klique
 
         if not isinstance(name, str) or not name:
             raise ValueError("scalar name must be a non-empty string")
@@ -85,6 +84,7 @@ class Task:
 
     @classmethod
     def _record_local(cls, project: str, name: str, api: Optional[Api]) -> Task:
+        from klique._local import LocalRun  # on its path only: every task imports klique
 
         api = api or Api()
         origin = _environment.origin()
