@@ -207,11 +207,12 @@ def ended(
     state = tables.states[status.state]
     if exit_doc is None and status.state in tables.self_ended:
         exit_code = "" if status.exit_code is None else f", exit code {status.exit_code}"
-        what = (
+        reason = (
             f"job {status.native_id} ended ({tables.kind} {status.state}{exit_code}) but the "
-            "runner wrote no exit file"
+            f"runner wrote no exit file within {tables.lost_after_s:g} s: the runner was killed "
+            f"hard, or its node failed; see the job's output in {believed.job_dir}"
         )
-        return _lost_after_grace(tables, believed, what, now)
+        return _lost_after_grace(tables, believed, reason, now)
     return Verdict(_ending(tables, believed, status, state, exit_doc), ended=True)
 
 
@@ -266,18 +267,12 @@ def _never_ran(tables: StateTables, believed: Believed, status: NativeStatus) ->
     return Observation(TaskState.LOST, f"{reason}; the job never ran", retry=True)
 
 
-def _lost_after_grace(tables: StateTables, believed: Believed, what: str, now: float) -> Verdict:
+def _lost_after_grace(tables: StateTables, believed: Believed, reason: str, now: float) -> Verdict:
+    """No news while the grace period lasts; LOST, for `reason`, once it is over."""
     over, since = out_of_grace(believed.missing_since, now, tables.lost_after_s)
     if not over:
         return Verdict(None, missing_since=since, restarts=believed.restarts)
-    return Verdict(
-        Observation(
-            TaskState.LOST,
-            f"{what} within {tables.lost_after_s:g} s: the runner was killed hard, or its node "
-            f"failed; see the job's output in {believed.job_dir}",
-        ),
-        restarts=believed.restarts,
-    )
+    return Verdict(Observation(TaskState.LOST, reason), restarts=believed.restarts)
 
 
 def left_queue(
@@ -288,17 +283,11 @@ def left_queue(
     state = tables.state(record) if record is not None else None
     if record is not None and state is not None and state.final:
         return ended(tables, believed, record, None, now)
-    over, since = out_of_grace(believed.missing_since, now, tables.lost_after_s)
-    if not over:
-        return Verdict(None, missing_since=since, restarts=believed.restarts)
-    return Verdict(
-        Observation(
-            TaskState.LOST,
-            f"job {believed.native_id} left the queue with no exit file and no accounting "
-            f"record for {tables.lost_after_s:g} s (killed hard, or its node failed)",
-        ),
-        restarts=believed.restarts,
+    reason = (
+        f"job {believed.native_id} left the queue with no exit file and no accounting "
+        f"record for {tables.lost_after_s:g} s (killed hard, or its node failed)"
     )
+    return _lost_after_grace(tables, believed, reason, now)
 
 
 def confirmed(
