@@ -8,6 +8,7 @@ setup(
     packages=[
         *find_namespace_packages(include=["broker*", "inside_job*", "klique*"]),
         "klique_templates",
+        "klique_deploy",  # deploy/: the service files (`klique deploy files DEST`)
         *(f"klique_templates.{kind}" for kind in find_namespace_packages("templates")),
     ],
 )

@@ -10,12 +10,14 @@ from typing import Any
 from fastapi import FastAPI
 
 from broker.api.artifacts import streams_itself
+from broker.api.health import health_router, install_store_unavailable
 from broker.api.mount import OPENAPI, mount_api
 from broker.control.loop import ControlLoop
 from broker.http.errors import install_error_statuses
 from broker.http.limits import BodyLimit
 from broker.identity.resolve import Identities
 from broker.mcp.mount import mount_mcp
+from broker.metrics import Sources, mount_metrics
 from broker.route_proxy.mount import mount_routes
 from broker.web.site import mount_web
 
@@ -35,11 +37,17 @@ def create_app(
         skip=streams_itself,  # artifact uploads stream their body and enforce their own limit
     )
     install_error_statuses(app)
+    # Every replica answers its load balancer, unauthenticated (broker/api/health.py).
+    app.include_router(health_router(control))
+    install_store_unavailable(app)
     # Order matters: paths are matched in the order they are added, and MCP's mount, which
     # takes every path no one else did, comes last; the web UI's error pages replace the
     # plain answer for browsers' requests for pages.
     mount_api(app, control, app.state.identities)
     mount_routes(app)
     mount_web(app, control)
+    # Read at each scrape from their owners: the store, the agents' snapshots, the route hub.
+    tunnels = lambda: len(app.state.route_hub.instances)  # noqa: E731
+    mount_metrics(app, Sources(control.store.counts, control.snapshots, tunnels), control.home)
     mount_mcp(app, public_url)
     return app

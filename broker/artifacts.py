@@ -67,6 +67,11 @@ class ArtifactStore:
     def exists(self, digest: str) -> bool:
         return bool(self.fs.exists(self.path(digest)))
 
+    def remove(self, digest: str) -> None:
+        """Forget the content of `digest` (nothing refers to it any more); gone already: done."""
+        if self.fs.exists(self.path(digest)):
+            self.fs.rm(self.path(digest))
+
 
 def too_large(size: int, limit: int, at_least: bool = False) -> str:
     return (

@@ -11,9 +11,12 @@ The model, in the order the rules are applied:
    clone, launch an app, write an artifact), `admin` to administer the estate. `report` and
    `agent` belong to a task's report token and a pool agent's token, which speak only for their
    own task or pool. A caller without the scope: NotPermitted, naming the scope to ask for.
-3. A task is seen and acted on by its owner and admins; anyone else gets NotFound, the same answer
-   as for a task that does not exist (a task's id says nothing about whose it is). A task's report
-   token speaks for that task only, and for the steps it creates (`controls`).
+3. A task is seen and acted on by its owner and admins. The members of its team (the team its
+   owner was in when it was made) read it: its record, console, scalars, reports and artifacts
+   (`reads_as_teammate`), and nothing more: a cancel, a clone, a tag, an archive or a delete is
+   NotPermitted to them. Anyone else gets NotFound, the same answer as for a task that does not
+   exist (a task's id says nothing about whose it is). A task's report token speaks for that task
+   only, and for the steps it creates (`controls`); it is no member of any team.
 4. A route opens to admins, a session's to its owner, an endpoint's to its owner (unless it
    serves behind a static route) and the teams it names (`may_open_route`).
 5. What an app launch may ask of its app (its lock, its compute resources, a static route's
@@ -55,13 +58,20 @@ __all__ = [
     "find_task",
     "has_scope",
     "may_reuse",
+    "may_stage_model",
     "needed_scope",
     "report_refusal",
     "report_token_reads",
+    "report_token_reads_model",
+    "reads_dataset",
+    "reads_task",
+    "writes_dataset",
     "no_such_task",
     "owner_filter",
+    "reads_as_teammate",
     "scope_problem",
     "scopes_problem",
+    "sees_model",
     "sees_owner",
     "sees_task",
     "speaks_for_task",
@@ -96,6 +106,9 @@ class Action(Enum):
     OPEN_ROUTE = "open a route"
     READ_ARTIFACT = "read an artifact"
     WRITE_ARTIFACT = "write an artifact"
+    TAG_TASK = "tag a task"
+    ARCHIVE_TASK = "archive a task"
+    DELETE_TASK = "delete a task"
     ADMINISTER = "administer the estate"
 
 
@@ -111,6 +124,9 @@ SCOPE_OF: dict[Action, str] = {
     Action.OPEN_ROUTE: "read",
     Action.READ_ARTIFACT: "read",
     Action.WRITE_ARTIFACT: "submit",
+    Action.TAG_TASK: "submit",
+    Action.ARCHIVE_TASK: "submit",
+    Action.DELETE_TASK: "submit",
     Action.ADMINISTER: "admin",
 }
 
@@ -122,8 +138,13 @@ _ON_A_TASK = frozenset(
         Action.CLONE,
         Action.READ_ARTIFACT,
         Action.WRITE_ARTIFACT,
+        Action.TAG_TASK,
+        Action.ARCHIVE_TASK,
+        Action.DELETE_TASK,
     }
 )
+# What a member of a task's team may do to it: look (rule 3).
+_TEAM_READS = frozenset({Action.READ_TASK, Action.READ_ARTIFACT})
 
 
 def needed_scope(method: str) -> str:
@@ -183,6 +204,18 @@ def acts_on(who: Who, task: Task) -> bool:
     return sees_task(who, task)
 
 
+def reads_as_teammate(who: Who, task: Task) -> bool:
+    """A member of the task's team, with a user's credential: reads the task (rule 3)."""
+    if speaks_for_task(who) is not None:
+        return False
+    return task.team is not None and who.team == task.team
+
+
+def reads_task(who: Who, task: Task) -> bool:
+    """acts_on, or a member of the task's team (who reads, and does nothing else)."""
+    return acts_on(who, task) or reads_as_teammate(who, task)
+
+
 def controls(who: Who, task: Task) -> bool:
     """acts_on, or a pipeline's report token over the steps it created."""
     speaking = speaks_for_task(who)
@@ -206,7 +239,13 @@ def check(who: Who, action: Action, target: Task | None = None) -> None:
     """May `who` do `action` to `target` (a task, or None for what is not about one task)?
     NotFound for a task the caller may not even see; NotPermitted for the rest."""
     if action in _ON_A_TASK and target is not None and not acts_on(who, target):
-        raise no_such_task(target.id)
+        if not reads_as_teammate(who, target):
+            raise no_such_task(target.id)
+        if action not in _TEAM_READS:
+            raise NotPermitted(
+                f"task {target.id} is {target.owner}'s: its team reads it, but only its owner "
+                f"and admins may {action.value.replace(' a task', ' it')}"
+            )
     check_scope(who, SCOPE_OF[action])
     if action is Action.ADMINISTER and not who.admin:
         raise NotPermitted("only an admin may administer the estate")
@@ -314,3 +353,52 @@ def check_agent_pool(token_pools: Collection[str], pool: str, remote: Collection
             f"pool {pool!r} is served inside the server; declare `agent: remote` in the "
             "estate to serve it with `klique agent`"
         )
+
+
+# Models (broker/tasks/models.py): a model name is kept by the owner and team of the run that
+# registered its first version. Its team (or, for a model without a team, its owner) and admins
+# read it and change its stages; no one else sees it (the NotFound of a model that does not
+# exist). A report token is no member of any team: it reads only the versions its own task
+# registered and those its app's launch resolved (`registry:NAME@REF`), so a job cannot fetch
+# any other model of its team's.
+
+
+def sees_model(who: Who, owner: str, team: str | None) -> bool:
+    """A user's credential: an admin, the model's owner, or a member of its team."""
+    if speaks_for_task(who) is not None:
+        return False
+    return who.admin or who.user == owner or (team is not None and who.team == team)
+
+
+def may_stage_model(who: Who, owner: str, team: str | None) -> bool:
+    """Who may change a model's stages: those who see it (its team, its owner, admins) with a
+    user's credential; the `submit` scope is checked apart (`check_scope`)."""
+    return sees_model(who, owner, team)
+
+
+def report_token_reads_model(own: Task, name: str, version: int, made_by: int) -> bool:
+    """Whether the report token of `own` may read version `version` of model `name` (made by
+    task `made_by`): a version its own task registered, or one its app's launch resolved
+    (recorded on the task's app as `models`). No other version of any model."""
+    if made_by == own.id:
+        return True
+    staged = (own.spec.app or {}).get("models") or ()
+    return any(m.get("name") == name and m.get("version") == version for m in staged)
+
+
+# Datasets (broker/tasks/datasets.py): a dataset's name is kept by the owner and team of whoever
+# made its first version. Its team (or, for a dataset without a team, its owner) and admins read
+# it and add versions; no one else sees it (the NotFound of a dataset that does not exist). A
+# run's report token speaks as the run's owner but never as an admin: it reads and writes only
+# the datasets that owner keeps (the version it writes records the run).
+
+
+def reads_dataset(who: Who, owner: str, team: str | None) -> bool:
+    """An admin (a user's credential), the dataset's owner, or a member of its team."""
+    admin = who.admin and speaks_for_task(who) is None
+    return admin or who.user == owner or (team is not None and who.team == team)
+
+
+def writes_dataset(who: Who, owner: str, team: str | None) -> bool:
+    """Who may add a version: those who read it (the `submit` scope is checked apart)."""
+    return reads_dataset(who, owner, team)

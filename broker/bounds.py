@@ -66,3 +66,60 @@ def report_problem(
     if scalars_adding:
         return scalars_problem(limits, task_id, scalars_kept, scalars_adding)
     return None
+
+
+# The most one report of each kind beyond scalars may carry (its JSON and its file together):
+# what a page shows at once, not a store for data (that is what artifacts are for). The SDK
+# refuses larger ones before they leave the task (klique/logger.py keeps the same table).
+ITEM_BYTES = {
+    "single": 4 * 1024,
+    "text": 1 * _MIB,
+    "table": 4 * _MIB,
+    "histogram": 4 * _MIB,
+    "plot": 8 * _MIB,
+    "image": 8 * _MIB,
+    "media": 16 * _MIB,
+}
+
+
+def item_problem(task_id: int, kind: str, title: str, size: int) -> str | None:
+    """Why one report of `size` bytes is refused, if it is: larger than its kind may be."""
+    most = ITEM_BYTES[kind]
+    if size <= most:
+        return None
+    return (
+        f"task {task_id}'s {kind} report {title!r} takes {_mib(size)}, over {_mib(most)}, the "
+        f"most one {kind} report may take; fix: report less (a sample, a smaller image), or "
+        "keep it as an artifact (task.upload_artifact)"
+    )
+
+
+def reports_problem(
+    limits: Limits,
+    task_id: int,
+    kept: dict[str, int],
+    kept_bytes: int,
+    adding: list[tuple[str, int]],
+) -> str | None:
+    """Why reports beyond scalars (`adding`: kind and bytes of each), on top of the `kept`
+    ones (a count per kind, `kept_bytes` in all), are refused, if they are."""
+    counts = dict(kept)
+    for kind, _ in adding:
+        counts[kind] = counts.get(kind, 0) + 1
+        if counts[kind] > limits.max_reports:
+            return (
+                f"task {task_id} would have {counts[kind]} {kind} reports, over "
+                f"{limits.max_reports}, the most of each kind a task keeps on the server (the "
+                f"estate's limits.max_reports); the reports after it are dropped; fix: report "
+                "less often, or ask the platform team to raise limits.max_reports"
+            )
+    total = kept_bytes + sum(size for _, size in adding)
+    if total <= limits.max_report_bytes:
+        return None
+    return (
+        f"task {task_id}'s reports would take {_mib(total)}, over "
+        f"{_mib(limits.max_report_bytes)}, the most a task's reports beyond scalars keep on the "
+        "server (the estate's limits.max_report_bytes); the reports after it are dropped; fix: "
+        "report smaller images or tables, or ask the platform team to raise "
+        "limits.max_report_bytes"
+    )

@@ -7,11 +7,12 @@ the server refuses it; renewals by several processes at once take turns under a 
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -145,12 +146,23 @@ class Client:
     def get(self, path: str, **params: Any) -> Any:
         return self.call("GET", path, params={k: v for k, v in params.items() if v is not None})
 
-    def post(self, path: str, body: Any = None) -> Any:
-        return self.call("POST", path, json=body)
+    def post(
+        self, path: str, body: Any = None, sending: Callable[[bytes], Any] | None = None
+    ) -> Any:
+        """POST `body` as JSON. `sending` turns the encoded body into what is sent, an iterable
+        of its bytes in chunks (the CLI's bar counts them as they go); it is iterated again if
+        the request is (a renewed single sign-on token)."""
+        if sending is None:
+            return self.call("POST", path, json=body)
+        data = json.dumps(body).encode()
+        headers = {"Content-Type": "application/json", "Content-Length": str(len(data))}
+        return self.call("POST", path, content=sending(data), headers=headers)
 
-    def download(self, path: str, dest: Path) -> int:
+    def download(self, path: str, dest: Path, counter: Callable[[int], Any] | None = None) -> int:
         """Stream a download into dest: a new or regular file is written under a temporary name
-        and renamed; anything else (a pipe, /dev/stdout) is written to, never replaced."""
+        and renamed; anything else (a pipe, /dev/stdout) is written to, never replaced.
+        `counter(total)` gives what counts the bytes as they come (`update(n)`, `close()`):
+        the CLI's bar."""
         regular = not dest.exists() or dest.is_file()
         target = dest.with_name(f".{dest.name}.partial") if regular else dest
         size = 0
@@ -160,10 +172,13 @@ class Client:
                     response.read()
                     ok = _from_klique(response)
                     raise ApiError(_detail(response) if ok else not_klique(self.api, response))
-                with target.open("wb") as out:
+                total = int(response.headers.get("content-length") or 0)
+                counted = (counter or _Uncounted)(total)
+                with contextlib.closing(counted), target.open("wb") as out:
                     for chunk in response.iter_bytes(1 << 20):
                         out.write(chunk)
                         size += len(chunk)
+                        counted.update(len(chunk))
             if regular:
                 target.replace(dest)
         except httpx.TransportError as exc:
@@ -172,6 +187,19 @@ class Client:
             if regular:
                 target.unlink(missing_ok=True)
         return size
+
+
+class _Uncounted:
+    """A download's bytes, counted by nobody."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+
+    def update(self, n: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
 
 def _due(entry: dict[str, Any]) -> bool:

@@ -7,6 +7,7 @@ asks `transition()` before it changes a task's state.
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -261,6 +262,20 @@ class Limits:
     max_console_bytes: int = 256 * 1024 * 1024
     max_scalars: int = 1_000_000  # points
     max_artifact_bytes: int = 100 * 1024 * 1024 * 1024  # all of one task's artifacts
+    max_reports: int = 10_000  # of each kind beyond scalars (tables, images, texts...)
+    max_report_bytes: int = 256 * 1024 * 1024  # all of one task's reports beyond scalars
+
+
+@dataclass(frozen=True)
+class Retention:
+    """How long an archived run is kept before the control loop deletes it: `days` for every
+    project (None: for ever), `projects` per project (overriding it); the estate's `retention:`."""
+
+    days: float | None = None
+    projects: Mapping[str, float] = field(default_factory=dict)
+
+    def days_for(self, project: str) -> float | None:
+        return self.projects.get(project, self.days)
 
 
 @dataclass(frozen=True)
@@ -270,6 +285,18 @@ class ArtifactSettings:
 
     store: str | None = None
     max_bytes: int = 10 * 1024**3
+
+
+@dataclass(frozen=True)
+class DatasetSettings:
+    """Where dataset versions keep their bytes (the estate's `datasets:` section): `artifacts`,
+    the artifact store; `s3`, the bucket at `endpoint` with the keys in `credentials_file`."""
+
+    store: str = "artifacts"
+    endpoint: str | None = None
+    bucket: str | None = None
+    credentials_file: str | None = None
+    region: str | None = None
 
 
 @dataclass(frozen=True)
@@ -308,6 +335,8 @@ class Estate:
     starvation_s: float = 3600.0  # a task waiting longer goes first and pins a host pool
     limits: Limits = field(default_factory=Limits)
     artifacts: ArtifactSettings = field(default_factory=ArtifactSettings)
+    retention: Retention = field(default_factory=Retention)
+    datasets: DatasetSettings = field(default_factory=DatasetSettings)
     pipeline_resource: str | None = None  # where pipeline controllers run (None: the default)
     templates_dir: str | None = None  # the site's batch templates, searched before the built-in
     mail_domain: str | None = None  # a task owner's mail address is OWNER@mail_domain
@@ -388,6 +417,8 @@ class Task:
     packages: tuple[str, ...] = ()  # as installed where it ran (name==version)
     inputs: tuple[tuple[int, str], ...] = ()  # artifacts (task, name) it was created to read
     cache_key: str | None = None
+    tags: tuple[str, ...] = ()  # sorted
+    archived_at: float | None = None  # archived: hidden from default listings
     intent: str | None = None  # asked of the pool's agent: "cancel" or "withdraw"
     sweep: int | None = None  # the sweep it was made in, with others
     created_at: float = 0.0

@@ -6,6 +6,7 @@
     ├── NotFound                 no such task, compute resource or pool
     ├── NotPermitted             the user may not do this (policy, ownership, unmapped account)
     ├── Conflict                 not now: the task's state does not allow it (an ended attempt)
+    │   └── Fenced               a replica whose lease's term moved on wrote as the leader
     ├── TooLarge                 over one of the server's size limits (limits: in the estate)
     ├── SubmitError              a pool refused or failed a submission (with the pool's words)
     │   └── SubmitUnknown        the outcome of a submission is unknown (look the tag up first)
@@ -45,6 +46,11 @@ class NotPermitted(KliqueError):
 
 class Conflict(KliqueError):
     pass
+
+
+class Fenced(Conflict):
+    """A write that acts on the estate carried a term that is no longer the lease's: another
+    replica leads now (broker/control/lease.py); nothing of it was written."""
 
 
 class TooLarge(KliqueError):

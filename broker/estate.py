@@ -25,11 +25,13 @@ from broker.domain import (
     ArtifactSettings,
     CheckpointSignal,
     ComputeResource,
+    DatasetSettings,
     Estate,
     Limits,
     Policy,
     Pool,
     Profile,
+    Retention,
     StaticRoute,
     Team,
     UserMap,
@@ -48,28 +50,50 @@ MAIL_DOMAIN = r"^(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)+[A-Za-z]{2,
 
 
 class ProfileFile(Strict):
+    """What a task of the compute resource asks for, and the pools it may run on."""
+
     gpus: int = Field(0, ge=0)
+    """Whole GPUs (on each node, with `nodes`); one of `gpus`, `gpu_fraction`, `gpu_memory`."""
     gpu_fraction: float | None = Field(None, gt=0, lt=1)
+    """A share of one GPU, a multiple of 1/8 (`0.25`); a batch pool gives a whole GPU."""
     gpu_memory: SizeMB | None = None
+    """GPU memory (`20G`): a share of one GPU sized by memory; a batch pool gives a whole GPU."""
     cpus: int = Field(1, ge=1)
+    """CPU cores (on each node)."""
     memory: SizeMB = 1024
+    """Memory (on each node), `16G`-style."""
     walltime: Seconds = 3600
-    nodes: int = Field(1, ge=1, le=4096)  # batch pools only: gpus, cpus and memory per node
+    """The longest a task runs before it is stopped as timed out, `4h` or `01:30:00`."""
+    nodes: int = Field(1, ge=1, le=4096)
+    """Nodes a task spans, one runner each (batch pools only; `gpus`, `cpus` and `memory` are
+    per node); host pools never take a task of more than one."""
     pools: list[Name] = Field(min_length=1)
+    """The pools that may run its tasks, in order of preference."""
 
 
 class CheckpointSignalFile(Strict):
-    # USR1/USR2: the runner forwards them to the task and goes on (TERM would end the run).
+    """A signal the scheduler sends the job before its walltime ends (Slurm `--signal=B:...`)."""
+
     signal: Literal["USR1", "USR2"] = "USR1"
-    before: Annotated[int, BeforeValidator(parse_duration_s), Field(gt=0, le=65535)]  # sbatch(1)
+    """The signal, which the runner passes on to the task's process group and goes on (TERM
+    would end the run)."""
+    before: Annotated[int, BeforeValidator(parse_duration_s), Field(gt=0, le=65535)]
+    """How long before the walltime's end (`2m`); sbatch(1) takes at most 65535 seconds."""
 
 
 class ResourceFile(Strict):
+    """A compute resource: what users ask for by name (`klique submit -r NAME`)."""
+
     description: str = ""
+    """One line for people, shown by `klique resources`."""
     profile: ProfileFile
+    """What its tasks ask for, and where they run."""
     extra_directives: list[str] = []
+    """Scheduler directives added to its tasks' batch scripts (`--constraint=a100`)."""
     skip_directives: list[str] = []
+    """Directives of the pool's template left out of its tasks' scripts, by option name."""
     checkpoint_signal: CheckpointSignalFile | None = None
+    """A signal before the walltime's end, for tasks that checkpoint (batch pools)."""
 
     @model_validator(mode="after")
     def _signal_within_walltime(self) -> ResourceFile:
@@ -83,71 +107,163 @@ class ResourceFile(Strict):
 
 
 class PolicyFile(Strict):
+    """A team's resource policy."""
+
     resources: list[Name] = Field(min_length=1)
+    """The compute resources the team may use."""
     reservation: dict[str, Annotated[int, Field(ge=0)]] = {}
+    """Tasks of a compute resource guaranteed to the team (lent to others while unused), in
+    the resource's own units: `{1-gpu: 4}` is four "1-gpu" tasks."""
     limit: dict[str, Annotated[int, Field(ge=0)]] = {}
+    """The most tasks of a compute resource the team runs at once, across every pool."""
     priority: int = 0
+    """Higher goes first for surplus capacity, before fair share and age."""
 
 
 class DefaultsFile(Strict):
+    """The scheduler's defaults and its reclaim knobs."""
+
     resource: Name | None = None
+    """The compute resource of a task that names none (unset: the first declared)."""
     fair_share_half_life: Seconds = 7 * 86400
+    """How fast past use (decayed GPU-seconds from the ledger) stops counting against a team."""
     min_run: SecondsOrZero = 600
+    """A borrowed run younger than this is never preempted to reclaim its room."""
     reclaim_grace: SecondsOrZero = 120
+    """A task waits this long before its team's reservation preempts a borrowed run."""
     max_preemptions_per_cycle: Annotated[int, Field(ge=0)] = 8
+    """Runs preempted in one scheduling cycle, at most (bounds churn when several
+    reservations wake at once)."""
     starvation: Seconds = 3600
-    pipeline_resource: Name | None = None  # where pipeline controllers run (a CPU resource)
+    """A task waiting longer goes first and keeps a host pool for itself."""
+    pipeline_resource: Name | None = None
+    """The CPU compute resource where pipeline controllers (`flow.remote()`) run."""
 
 
 class ArtifactsFile(Strict):
-    store: str | None = None  # an fsspec URL or a path; unset: $KLIQUE_HOME/artifacts
-    max_size: SizeMB = 10 * 1024  # MiB
+    """Where task artifacts are kept."""
+
+    store: str | None = None
+    """An fsspec URL (`s3://bucket/klique`) or a path; unset: `$KLIQUE_HOME/artifacts`."""
+    max_size: SizeMB = 10 * 1024
+    """The largest artifact one upload may carry."""
+
+
+class RetentionFile(Strict):
+    """How long archived runs are kept (`klique archive`); the control loop deletes them after."""
+
+    days: float | None = Field(None, gt=0, le=36500)
+    """Days an archived run is kept in every project; unset: for ever."""
+    projects: dict[str, Annotated[float, Field(gt=0, le=36500)]] = {}
+    """Days per project, overriding `days` (`{scratch: 7, papers: 3650}`)."""
+
+
+class DatasetsFile(Strict):
+    """Where dataset versions keep their files (docs/datasets.md)."""
+
+    store: Literal["artifacts", "s3"] = "artifacts"
+    """`artifacts`: the artifact store above; `s3`: the S3-compatible bucket named here."""
+    endpoint: str | None = Field(None, pattern=r"^https?://[^\s]+$")
+    """The bucket's service URL (`https://s3.example.org`); unset: AWS's own."""
+    bucket: str | None = Field(None, pattern=r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+    """The bucket (required with `store: s3`)."""
+    credentials_file: str | None = None
+    """A file in the AWS credentials format (`[default]` with `aws_access_key_id`,
+    `aws_secret_access_key`), relative to this file; unset: boto3's own search."""
+    region: str | None = None
+    """The bucket's region, where the service asks for one."""
+
+    @model_validator(mode="after")
+    def _bucket_named(self) -> DatasetsFile:
+        if self.store == "s3" and not self.bucket:
+            raise ValueError("datasets.store s3 needs datasets.bucket")
+        return self
 
 
 class LimitsFile(Strict):
-    max_request: SizeMB = 32  # MiB
-    max_diff: SizeMB = 16  # MiB
-    max_batch: int = Field(10_000, ge=1, le=1_000_000)  # tasks in one request
-    # What one task may keep on the server, whatever its job sends: its console copy, its
-    # scalars (points) and its artifacts all together.
-    max_console: SizeMB = 256  # MiB
+    """What one request, and one task's job, may send to the server; past one, a request or
+    report is refused (413, naming the setting) and the job's own files stay whole."""
+
+    max_request: SizeMB = 32
+    """One API request's body (keep nginx's `client_max_body_size` a little above it)."""
+    max_diff: SizeMB = 16
+    """One task's uncommitted diff, sent with `klique submit`."""
+    max_batch: int = Field(10_000, ge=1, le=1_000_000)
+    """Tasks in one batch or sweep."""
+    max_console: SizeMB = 256
+    """Console kept on the server for one task (its job's own copy stays whole)."""
     max_scalars: int = Field(1_000_000, ge=0, le=2**31)
-    max_artifacts: SizeMB = 100 * 1024  # MiB
+    """Scalar points kept for one task."""
+    max_reports: int = Field(10_000, ge=0, le=2**31)
+    """Reports of each kind beyond scalars (tables, images, texts...) kept for one task."""
+    max_report_bytes: SizeMB = 256
+    """All of one task's reports beyond scalars together."""
+    max_artifacts: SizeMB = 100 * 1024
+    """All of one task's artifacts together."""
 
 
 class AppsFile(Strict):
-    catalogue: str | None = None  # a folder of app files, relative to this file; null: built-in
+    """Interactive apps (JupyterLab, endpoints) and how many may run."""
+
+    catalogue: str | None = None
+    """A folder of app files, relative to this file; unset: the built-in catalogue."""
     max_running: Annotated[int, Field(ge=0)] | None = None
+    """Apps running at once, company-wide (unset: no bound)."""
     max_running_per_team: dict[Name, Annotated[int, Field(ge=0)]] = {}
+    """Apps running at once, by team."""
 
 
 class RouteFile(Strict):
+    """A static route made by the platform team: a fixed name that apps may serve."""
+
     teams: list[Name] = []
+    """The teams that may call it (empty: every team)."""
     apps: list[Name] = []
+    """The apps that may serve it (empty: any endpoint)."""
 
 
 class ServerFile(Strict):
-    # The URL that jobs, pods, agents and browsers use, apart from the address the server binds
-    # (0.0.0.0 or 127.0.0.1 reach nothing from a compute node): `klique server --public-url`.
+    """How the server is reached, apart from where it listens."""
+
     public_url: str | None = Field(None, pattern=r"^https?://[^\s/]+(/[^\s]*)?$")
+    """The URL that jobs, pods, agents and browsers use, apart from the address the server
+    binds (0.0.0.0 or 127.0.0.1 reach nothing from a compute node); `klique server
+    --public-url` overrides it. Required while any pool's nodes are not the server's host."""
 
 
 class EstateFile(Strict):
+    """The estate file: everything the platform team declares."""
+
     server: ServerFile = ServerFile()
+    """The server's own settings."""
     defaults: DefaultsFile = DefaultsFile()
+    """The scheduler's defaults."""
     limits: LimitsFile = LimitsFile()
+    """Bounds on requests and on what a task keeps on the server."""
     artifacts: ArtifactsFile = ArtifactsFile()
-    templates_dir: str | None = None  # the site's batch templates, searched before the built-in
-    # Where a task's owner reads mail: templates get `owner_email` = OWNER@mail_domain.
+    """Where artifacts are kept."""
+    datasets: DatasetsFile = DatasetsFile()
+    """Where dataset versions keep their files."""
+    retention: RetentionFile = RetentionFile()
+    """How long archived runs are kept."""
+    templates_dir: str | None = None
+    """The site's batch templates, searched before the built-in ones."""
     mail_domain: str | None = None
+    """Where a task's owner reads mail: templates get `owner_email` = OWNER@mail_domain."""
     teams: dict[Name, list[str]] = {}
+    """Team name to its users (empty: the teams named elsewhere are not checked)."""
     resources: dict[Name, ResourceFile] = Field(min_length=1)
-    # Each pool is checked against its kind's own settings model (see _pools).
+    """The compute resources, by name."""
     pools: dict[Name, dict[str, Any]] = Field(min_length=1)
+    """The pools, by name; each is checked against the settings of its `kind` alone."""
     policies: dict[Name, PolicyFile] = {}
+    """Resource policies, by team."""
     identity: IdentityFile | None = None
+    """Single sign-on, LDAP, and the groups that make teams (unset: tokens only)."""
     apps: AppsFile = AppsFile()
+    """Interactive apps."""
     routes: dict[Name, RouteFile] = {}
+    """Static routes, by name."""
 
     @field_validator("mail_domain")
     @classmethod
@@ -448,9 +564,19 @@ def _build(model: EstateFile, pools: dict[str, PoolSettings], source: str) -> Es
             max_console_bytes=model.limits.max_console * 1024 * 1024,
             max_scalars=model.limits.max_scalars,
             max_artifact_bytes=model.limits.max_artifacts * 1024 * 1024,
+            max_reports=model.limits.max_reports,
+            max_report_bytes=model.limits.max_report_bytes * 1024 * 1024,
         ),
         artifacts=ArtifactSettings(
             store=model.artifacts.store, max_bytes=model.artifacts.max_size * 1024 * 1024
+        ),
+        retention=Retention(days=model.retention.days, projects=dict(model.retention.projects)),
+        datasets=DatasetSettings(
+            store=model.datasets.store,
+            endpoint=model.datasets.endpoint,
+            bucket=model.datasets.bucket,
+            credentials_file=_beside(source, model.datasets.credentials_file),
+            region=model.datasets.region,
         ),
         pipeline_resource=model.defaults.pipeline_resource,
         templates_dir=model.templates_dir,

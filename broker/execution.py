@@ -40,6 +40,10 @@ class PoolState:
     # Placed tasks whose submission's reply was lost, with why they wait (`klique why`): the
     # control plane reads a remote pool's from here, as it cannot ask its driver.
     outcome_unknown: Mapping[int, str] = field(default_factory=dict)
+    # The agent's own counts since it started, published with each snapshot: what /metrics
+    # shows as its looks and status queries (broker/metrics.py), for remote pools as well.
+    looks: int = 0
+    status_queries: int = 0
 
 
 @dataclass(frozen=True)

@@ -21,58 +21,83 @@ class OidcFile(Strict):
     """An OpenID Connect provider (the company's single sign-on)."""
 
     issuer: str = Field(pattern=r"^https://[^\s]+$", max_length=2048)
+    """The provider's issuer URL, as its tokens name it in `iss` (HTTPS)."""
     client_id: Word
-    # A confidential client's secret for the web UI's code exchange, in a file only the
-    # server's account reads; without it the client is public (PKCE alone).
+    """Klique's client id at the provider (the CLI's device flow and the web UI's login)."""
     client_secret_file: str | None = None
-    audience: Word | None = None  # what access tokens must name in `aud` (default: client_id)
-    ca_file: str | None = None  # a CA bundle for the provider's TLS (default: the system's)
+    """A confidential client's secret for the web UI's code exchange, in a file only the
+    server's account reads; without it the client is public (PKCE alone)."""
+    audience: Word | None = None
+    """What access tokens must name in `aud` (unset: the client id)."""
+    ca_file: str | None = None
+    """A CA bundle for the provider's TLS (unset: the system's)."""
     scopes: list[Word] = ["openid", "profile", "groups", "offline_access"]
-    # How browsers reach this server (for the redirect URI and Secure cookies); default: the
-    # URL a request came in on.
+    """The scopes asked for at login."""
     public_url: str | None = Field(None, pattern=r"^https?://[^\s]+$")
-    # Clock skew allowed between this server and the provider when checking exp, nbf, iat.
+    """How browsers reach this server (for the redirect URI and Secure cookies); unset: the
+    URL a request came in on."""
     clock_leeway: Annotated[int, BeforeValidator(parse_duration_s), Field(ge=0, le=300)] = 30
+    """Clock skew allowed between this server and the provider when checking exp, nbf, iat."""
 
 
 class LdapFile(Strict):
     """A directory to check passwords against (simple bind), and to read groups from."""
 
     url: str = Field(pattern=r"^ldaps?://[^\s]+$")
+    """The directory's URL, `ldaps://` or `ldap://` with `start_tls`."""
     start_tls: bool = False
+    """Upgrade an `ldap://` connection with StartTLS before the bind."""
     ca_file: str | None = None
-    user_dn: str  # with {user}: uid={user},ou=people,dc=example,dc=com
-    group_base: str  # where groups live: ou=groups,dc=example,dc=com
-    group_filter: str = "(member={dn})"  # {dn}: the user's DN; {user}: the user name
-    group_attribute: Word = "cn"  # the attribute that names a group
-    # The attribute of the person's entry whose value is their Klique user name (read back
-    # from the entry after the bind, never taken from what was typed).
+    """A CA bundle for the directory's TLS (unset: the system's)."""
+    user_dn: str
+    """A user's DN, with `{user}`: `uid={user},ou=people,dc=example,dc=com`."""
+    group_base: str
+    """Where groups live: `ou=groups,dc=example,dc=com`."""
+    group_filter: str = "(member={dn})"
+    """The search for a user's groups; `{dn}` is the user's DN, `{user}` the user name."""
+    group_attribute: Word = "cn"
+    """The attribute that names a group."""
     user_attribute: Word = "uid"
-    # uid compares case-insensitively in the standard schemas (RFC 4519), so the name is
-    # lower-cased; true keeps its case (an attribute whose matching rule is case-exact).
+    """The attribute of the person's entry whose value is their Klique user name (read back
+    from the entry after the bind, never taken from what was typed)."""
     case_sensitive: bool = False
+    """Keep the user name's case; by default it is lower-cased, since uid compares
+    case-insensitively in the standard schemas (RFC 4519)."""
     timeout: Seconds = 10
+    """How long a bind or search may take."""
 
 
 class ClaimsFile(Strict):
+    """Which claims of the provider's tokens name the user and their groups."""
+
     username: Word = "preferred_username"
-    # The provider compares user names ignoring case (most do), so the name is lower-cased;
-    # true keeps its case.
+    """The claim holding the user name."""
     username_case_sensitive: bool = False
+    """Keep the user name's case; by default it is lower-cased, since most providers compare
+    user names ignoring case."""
     groups: Word = "groups"
+    """The claim holding the user's groups."""
 
 
 class IdentityFile(Strict):
+    """Single sign-on, LDAP, and which groups make which teams."""
+
     oidc: OidcFile | None = None
+    """The OpenID Connect provider (unset: no single sign-on)."""
     ldap: LdapFile | None = None
+    """The LDAP directory (unset: no password logins)."""
     claims: ClaimsFile = ClaimsFile()
-    # Group -> team, in order: a user in several groups gets the first that matches.
+    """The claims that name a user and their groups."""
     groups: dict[Word, Name] = {}
+    """Group to team, in order: a user in several groups gets the first that matches."""
     admin_groups: list[Word] = []
-    # Refuse a single sign-on or LDAP user who is in no team (no group maps to one).
+    """Groups whose members are Klique's administrators."""
     require_team: bool = True
-    token_lifetime: Seconds = 12 * 3600  # tokens made by an LDAP login
-    session_lifetime: Seconds = 12 * 3600  # browser sessions, at most
+    """Refuse a single sign-on or LDAP user who is in no team (no group maps to one)."""
+    token_lifetime: Seconds = 12 * 3600
+    """How long a token made by an LDAP login lasts."""
+    session_lifetime: Seconds = 12 * 3600
+    """How long a browser session lasts, at most."""
 
 
 def identity_problems(

@@ -1,10 +1,13 @@
 """`klique server`: the API, the scheduler cycle and the pool agents in one process, on two
 listeners: the UI and API on one, routes on the other (an origin of their own:
-broker/route_proxy/origin.py)."""
+broker/route_proxy/origin.py). On PostgreSQL, two or more servers are replicas: each serves
+the API, the web UI, MCP and routes, and the one holding the scheduler's lease runs the cycle
+and the in-server agents (broker/control/lease.py)."""
 
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import ipaddress
 import json
 import logging
@@ -24,12 +27,16 @@ from fastapi import FastAPI
 from broker.agents.factory import build_drivers, driver_context
 from broker.app import create_app
 from broker.config import write_private
+from broker.control.lease import TTL_S, Leadership
 from broker.control.loop import ControlLoop
 from broker.domain import Estate
 from broker.pools.settings import serves_remotely
 from broker.route_proxy.origin import RoutesOrigin, RoutesPlace, Split, routes_place
 from broker.store.identity import IdentityStore
+from broker.store.leases import LeaseStore, lease_engine
+from broker.store.notify import ChangeListener
 from broker.store.repository import Store
+from broker.tasks.tuner import Tuner
 
 log = logging.getLogger("klique.server")
 
@@ -61,25 +68,82 @@ def private_home(home: Path) -> None:
 
 
 def build_app(
-    estate: Estate, store: Store, home: Path, api_url: str, interval_s: float = 0.5
+    estate: Estate,
+    store: Store,
+    home: Path,
+    api_url: str,
+    interval_s: float = 0.5,
+    leadership: Leadership | None = None,
 ) -> FastAPI:
+    """The app and its control loop; with `leadership` (replicas on PostgreSQL), the loop leads
+    only while this replica holds the lease."""
     drivers = build_drivers(estate, driver_context(estate, home, api_url))
-    control = ControlLoop(store, estate, drivers, home, interval_s=interval_s)
+    control = ControlLoop(
+        store, estate, drivers, home, interval_s=interval_s, leadership=leadership
+    )
+    # Other replicas' writes, heard at once: a task created on a follower is placed here.
+    listener = ChangeListener(store.url, store.changes, control.heard) if store.announces else None
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         stop = asyncio.Event()
+        if listener is not None:
+            listener.start()
         loop_task = asyncio.create_task(control.run(stop))
+        # Tunings advance on the replica that leads (broker/tasks/tuner.py).
+        tuner_task = asyncio.create_task(Tuner(control).run(stop, control.leads))
         try:
             yield
         finally:
             stop.set()
             await loop_task
+            await tuner_task
+            if listener is not None:
+                await asyncio.to_thread(listener.stop)
             for driver in drivers.values():
                 await driver.close()
+            if leadership is not None:
+                leadership.leases.close()
             store.close()
 
     return create_app(control, lifespan, os.environ.get("KLIQUE_PUBLIC_URL") or api_url)
+
+
+def replica_id(given: str | None, port: int) -> str:
+    """--replica-id, else HOST:PORT: unique among live servers (a port is one process's), and
+    the same after a restart, which then takes its lease back without waiting it out."""
+    return given or f"{socket.gethostname()}:{port}"
+
+
+def leadership_of(store: Store, replica: str, ttl_s: float) -> Leadership | None:
+    """The scheduler's lease on PostgreSQL; on SQLite, which serves one server, None (this one
+    leads for life) once no other server has the file."""
+    if store.announces:
+        return Leadership(LeaseStore(lease_engine(store.url, ttl_s / 2)), replica, ttl_s)
+    sole_server(store)
+    return None
+
+
+_HELD: list[int] = []  # the SQLite lock's open file, held for the process's life
+
+
+def sole_server(store: Store) -> None:
+    """Refuse a second server on one SQLite file, in one sentence: SQLite serves one server
+    (another would not hear its changes). An OS lock, dropped by the kernel when the process
+    ends, however it ends: a restart after a crash never waits."""
+    database = store.engine.url.database or ""
+    if database in ("", ":memory:"):
+        return
+    handle = os.open(database + ".server-lock", os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(handle)
+        raise SystemExit(
+            f"klique: another klique server serves the SQLite store {database}; SQLite serves "
+            "one server: stop that one, or give every replica one PostgreSQL store (KLIQUE_DB)"
+        ) from None
+    _HELD.append(handle)
 
 
 def listener(host: str, port: int) -> socket.socket:
@@ -196,12 +260,19 @@ def serve(
     trusted_proxies: str | None = None,
     public: str | None = None,
     tls: Tls | None = None,
+    json_logs: bool = False,
+    replica: str | None = None,
+    lease_ttl_s: float = TTL_S,
 ) -> None:
     """Serve until stopped; over HTTPS on both listeners with `tls`. `trusted_proxies` names
     the reverse proxies whose forwarding headers are believed; without it, a caller's address
     is its socket's own (uvicorn would otherwise believe any local account's X-Forwarded-For,
     and the login throttle's count per address with it). `public`: the URL others reach this
-    server at (--public-url)."""
+    server at (--public-url). `json_logs`: every line on standard error is a JSON log event
+    (broker/logs.py), uvicorn's included; the start's words are events too. `replica`: this
+    replica's id (--replica-id); `lease_ttl_s`: how long the scheduler's lease holds unrenewed
+    (--lease-ttl)."""
+    say = log.info if json_logs else lambda words: print(words, flush=True)
     scheme = "https" if tls else "http"
     try:
         place = routes_place(
@@ -215,28 +286,28 @@ def serve(
     store = Store.open(db_url)
     token_path = ensure_admin_token(store, home)
     if token_path is not None:
-        print(
+        say(
             f"klique: admin token written to {token_path} "
-            f"(run: klique login --token $(cat {token_path}))",
-            flush=True,
+            f"(run: klique login --token $(cat {token_path}))"
         )
-    app = build_app(estate, store, home, api_url)
+    leadership = leadership_of(store, replica_id(replica, port), lease_ttl_s)
+    app = build_app(estate, store, home, api_url, leadership=leadership)
     write_private(
         home / "server.json",
         json.dumps(
             {"url": api_url, "routes": place.url, "pid": os.getpid(), "estate": estate.source}
         ),
     )
-    print(
+    say(
         f"klique: serving {api_url} (estate {estate.source}, {len(estate.pools)} pools); "
-        f"routes at {place.address('NAME')}",
-        flush=True,
+        f"routes at {place.address('NAME')}"
     )
     # Live pages hold their event streams open: a stop waits this long for them, then ends them.
     config = uvicorn.Config(
         split_app(app, place),
         http="httptools",
         log_level="warning",
+        log_config=None if json_logs else uvicorn.config.LOGGING_CONFIG,  # None: the root's
         timeout_graceful_shutdown=5,
         proxy_headers=trusted_proxies is not None,
         forwarded_allow_ips=trusted_proxies,

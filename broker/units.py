@@ -28,6 +28,8 @@ Name = Annotated[str, Field(pattern=NAME)]
 
 
 class Strict(BaseModel):
-    """A section of the estate file: unknown keys are errors (a typo never passes silently)."""
+    """A section of the estate file: unknown keys are errors (a typo never passes silently).
+    Each field's docstring is its description: the estate reference (docs/hooks/reference.py)
+    prints it, and tests/unit/test_estate_descriptions.py holds every field to having one."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)

@@ -91,6 +91,14 @@ def read_head(sock: socket.socket) -> Tuple[int, Dict[str, str], bytes]:
 def post(url: str, body: bytes, headers: Sequence[Tuple[str, str]], timeout: float) -> int:
     """POST `body` to `url` on a connection of its own; the answer's status (OSError: no
     answer)."""
+    return exchange(url, body, headers, timeout)[0]
+
+
+def exchange(
+    url: str, body: bytes, headers: Sequence[Tuple[str, str]], timeout: float
+) -> Tuple[int, bytes]:
+    """POST `body` to `url` on a connection of its own; the answer's status and body (OSError:
+    no answer)."""
     tls, host, port, target = split_url(url)
     with connect(tls, host, port, timeout) as sock:
         sent = [*headers, ("Content-Length", str(len(body))), ("Connection", "close")]
@@ -102,4 +110,4 @@ def post(url: str, body: bytes, headers: Sequence[Tuple[str, str]], timeout: flo
             if not chunk:
                 break
             rest += chunk
-    return status
+    return status, rest

@@ -13,6 +13,7 @@ STATUS_FILE = "status.json"
 EXIT_FILE = "exit.json"
 CONSOLE_FILE = "console.log"
 SCALARS_FILE = "scalars.jsonl"
+REPORTS_FILE = "reports.jsonl"  # beyond scalars: tables, images, plots... (klique/logger.py)
 PREEMPTED_MARKER = "preempted"
 
 _HOST = os.uname().nodename

@@ -36,6 +36,10 @@ def prepare(spec: TaskSpec, console: Console) -> Prepared:
     if spec.place is not None:
         prepared.env.update(spec.place.env())
     if spec.app is not None:
+        if spec.app.models:
+            from inside_job import models  # on its path only: apps that serve a registry model
+
+            models.stage(spec, prepared, console)
         prepared.app = app_run(spec, prepared)
     if runtime is not None and runtime != "pyxis":
         from inside_job import launch  # on its path only: every job starts the runner

@@ -7,7 +7,11 @@ takes one request for its whole life: setting up, running, done and its exit.
 The server may refuse for good: an attempt that is over (401: the token is no longer the task's,
 after a requeue; 403 or 409: the task has ended) hears nothing more from this reporter; a report
 past one of the task's bounds (413) goes again without its console and scalars, which stay whole
-in the job's folder. Neither is an error of the job's."""
+in the job's folder. Neither is an error of the job's.
+
+Reports beyond scalars (reports.jsonl: tables, images, plots...) go before the rest, each post
+holding nothing else, so that a refusal past their bound (413) is theirs alone: they stop, the
+server's sentence goes to the console, and the console, scalars and state go on."""
 
 from __future__ import annotations
 
@@ -15,13 +19,15 @@ import json
 import os
 import threading
 
-from inside_job.http1 import post
-from inside_job.jobfiles import CONSOLE_FILE, SCALARS_FILE
+from inside_job.http1 import exchange
+from inside_job.jobfiles import CONSOLE_FILE, REPORTS_FILE, SCALARS_FILE
 from inside_job.process import start_without_signals
 
 INTERVAL_S = 0.5
 START_GRACE_S = 0.1  # a start waits this long for an end to go with
 CHUNK_BYTES = 64 * 1024
+REPORTS_CHUNK_BYTES = 4 * 1024 * 1024  # reports in one post, unless one alone is larger
+REPORT_LINE_BYTES = 24 * 1024 * 1024  # the largest report line (a 16 MiB file, in base64)
 TIMEOUT_S = 2.0
 MAX_BACKOFF_S = 10.0
 REFUSED = (401, 403, 409)  # this attempt's reports are over: stop, quietly
@@ -38,6 +44,9 @@ class Reporter:
         self.scalars_path = os.path.join(job_dir, SCALARS_FILE)
         self.console_offset = 0
         self.scalars_offset = 0
+        self.reports_path = os.path.join(job_dir, REPORTS_FILE)
+        self.reports_offset = 0
+        self._reports_over = False  # past the task's bound for reports: no more of them
         self._states: list[dict] = []  # changes not sent yet: the newest goes in the next report
         self._exit: dict | None = None
         self._lock = threading.Lock()
@@ -82,6 +91,8 @@ class Reporter:
 
     def _flush(self, final: bool) -> bool:
         """Post until nothing new is left; False at the first failed request."""
+        if not self._send_reports():
+            return False
         while not self._over:
             body, states, console_end, scalars_end = self._next_body(final)
             if not body:
@@ -127,11 +138,38 @@ class Reporter:
         self.console_offset = console_end
         self.scalars_offset = scalars_end
 
-    def _post(self, body: dict) -> bool:
+    def _send_reports(self) -> bool:
+        """Post the new reports beyond scalars, alone; False at the first failed request."""
+        while not (self._over or self._reports_over):
+            items, end = read_reports(self.reports_path, self.reports_offset)
+            if end == self.reports_offset:
+                return True
+            if items:
+                status, answer = self._send({"reports": items})
+                if status in REFUSED:
+                    self._over = True
+                    return True
+                if status == 0 or status >= 500:
+                    return False
+                if status == PAST_BOUND:
+                    self._reports_over = True
+                    note(self.console_path, "reports stopped: " + refusal_of(answer))
+                elif status >= 400:  # malformed: these are skipped, the next ones go
+                    note(self.console_path, "reports skipped: " + refusal_of(answer))
+            self.reports_offset = end
+        return True
+
+    def _send(self, body: dict) -> tuple[int, bytes]:
+        """The server's status and answer; 0 for no answer."""
         headers = [("Content-Type", "application/json"), ("Authorization", f"Bearer {self.token}")]
         try:
-            status = post(self.endpoint, json.dumps(body).encode("utf-8"), headers, TIMEOUT_S)
+            return exchange(self.endpoint, json.dumps(body).encode("utf-8"), headers, TIMEOUT_S)
         except (OSError, ValueError):
+            return 0, b""
+
+    def _post(self, body: dict) -> bool:
+        status, _ = self._send(body)
+        if status == 0:
             return False
         if status in REFUSED:
             self._over = True
@@ -174,6 +212,47 @@ def read_scalars(path: str, offset: int) -> tuple[list[dict], int]:
         if isinstance(item, dict):
             scalars.append(item)
     return scalars, offset + end
+
+
+def read_reports(path: str, offset: int) -> tuple[list[dict], int]:
+    """The complete new lines of reports.jsonl from offset, parsed, up to REPORTS_CHUNK_BYTES
+    (or one larger line); bad lines, and a line past REPORT_LINE_BYTES, are skipped."""
+    data = _read_from(path, offset, REPORTS_CHUNK_BYTES)
+    if b"\n" not in data and len(data) == REPORTS_CHUNK_BYTES:
+        data = _read_from(path, offset, REPORT_LINE_BYTES + 1)
+        if b"\n" not in data and len(data) > REPORT_LINE_BYTES:  # never whole: skip it
+            return [], offset + len(data)
+    end = data.rfind(b"\n") + 1
+    reports = []
+    for line in data[:end].splitlines():
+        try:
+            item = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(item, dict):
+            reports.append(item)
+    return reports, offset + end
+
+
+def refusal_of(answer: bytes) -> str:
+    """The server's sentence in a refusal's body ({"detail": ...}), or what is known."""
+    try:
+        detail = json.loads(answer).get("detail")
+    except (ValueError, AttributeError):
+        detail = None
+    return detail if isinstance(detail, str) else "the server refused them"
+
+
+def note(console_path: str, line: str) -> None:
+    """Append a `klique: ...` line to the console (it goes to the server with the rest)."""
+    try:
+        fd = os.open(console_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    except OSError:
+        return
+    try:
+        os.write(fd, f"klique: {line}\n".encode("utf-8", "replace"))
+    finally:
+        os.close(fd)
 
 
 def _read_from(path: str, offset: int, limit: int) -> bytes:

@@ -12,7 +12,7 @@ import signal
 import sys
 import time
 
-from inside_job import jobfiles, outcome, process
+from inside_job import jobfiles, oom, outcome, process, termination
 from inside_job.errors import SetupFailed
 
 TYPE_CHECKING = False
@@ -104,6 +104,7 @@ class Run:
 
     def _run_command(self, prepared: Prepared) -> dict:
         fd = self.console.fd
+        oom_before = oom.kills()  # the cgroup's OOM kills before the task: a SIGKILL's cause
         pid = process.spawn(self.forwarder, prepared.argv, prepared.env, prepared.cwd, fd)
         self.started = time.time()
         self.publish("running", pid)
@@ -115,6 +116,8 @@ class Run:
                 app.stop()
         stop = self.forwarder.stop_signal()
         res = outcome.classify(wait_status, stop, self.job_dir, self.run_limit)
+        if res["signal"] == signal.SIGKILL and stop is None and oom.killed_since(oom_before):
+            res = outcome.result(res["exit_code"], "signalled", oom.OOM_REASON, signal.SIGKILL)
         if app is not None and app.walltime_hit and stop is None:
             res = outcome.result(res["exit_code"], "timeout", app.walltime_reason(), res["signal"])
         if prepared.env_info is not None:
@@ -131,11 +134,21 @@ class Run:
         # first stop decides (a run-limit warning, then the kill after its grace).
         first = self.forwarder.stop_signal() or signum
         res = outcome.stopped(first, 128 + first, self.job_dir, self.run_limit)
-        jobfiles.write_exit(self.job_dir, outcome.stamp(res, self.started), self.exit_file)
+        self._write_exit(outcome.stamp(res, self.started))
+
+    def _write_exit(self, result: dict) -> None:
+        """exit.json, and the pod's termination message where there is one (the task's only
+        runner: the ranks of a task on several nodes have no pod)."""
+        jobfiles.write_exit(self.job_dir, result, self.exit_file)
+        if self.place is None:
+            try:
+                termination.write(result)
+            except OSError as exc:  # exit.json holds the record still
+                self.console.say(f"could not write the termination message: {exc.strerror}")
 
     def finish(self, res: dict) -> int:
         final = outcome.stamp(res, self.started)
-        jobfiles.write_exit(self.job_dir, final, self.exit_file)
+        self._write_exit(final)
         if self.place is None:
             self.publish("done")
         if self.reporter is not None:  # on several nodes, the gather step reports the end

@@ -50,6 +50,11 @@ class AppSpec:
         if not self.ready_path.startswith("/"):
             raise SpecError("app.ready_path: must start with /")
         self.walltime_s: int | None = _opt_int(raw, "walltime_s")
+        # The registry's versions the launch resolved, staged before the app starts.
+        models = raw.get("models") or []
+        if not isinstance(models, list):
+            raise SpecError("app.models: must be a list")
+        self.models: list = models
 
 
 class TaskSpec:

@@ -7,8 +7,10 @@ import hashlib
 import os
 import pickle
 import re
+import shutil
 import tempfile
 import urllib.parse
+import zipfile
 
 from klique._api import KliqueError
 
@@ -49,9 +51,13 @@ def check_name(name: str) -> str:
 def upload(
     api: Api, task_id: int, name: str, artifact: Any, as_object: bool = False
 ) -> Dict[str, Any]:
-    """A File, an existing file's path, or else (or with as_object) any object, pickled."""
+    """A File, an existing file's path, a folder's path (sent as a zip), or else (or with
+    as_object) any object, pickled: a dict, a pandas DataFrame, a numpy array..."""
     check_name(name)
     path = None
+    names_a_folder = isinstance(artifact, (str, os.PathLike)) and os.path.isdir(os.fspath(artifact))
+    if not as_object and names_a_folder:
+        return _send_folder(api, task_id, name, os.fspath(artifact))
     names_a_file = isinstance(artifact, (str, os.PathLike)) and os.path.isfile(os.fspath(artifact))
     if not as_object and (isinstance(artifact, File) or names_a_file):
         path = os.fspath(artifact)
@@ -64,6 +70,14 @@ def upload(
         with open(pickled, "wb") as f:
             pickle.dump(artifact, f, protocol=PICKLE_PROTOCOL)
         return _send(api, task_id, name, "object", pickled, name + ".pkl")
+
+
+def _send_folder(api: Api, task_id: int, name: str, folder: str) -> Dict[str, Any]:
+    """A folder and everything under it, as one zip (its paths relative to the folder)."""
+    base = os.path.basename(os.path.normpath(folder)) or name
+    with tempfile.TemporaryDirectory(prefix="klique-folder-") as scratch:
+        archive = shutil.make_archive(os.path.join(scratch, base), "zip", folder)
+        return _send(api, task_id, name, "folder", archive, base + ".zip")
 
 
 def _send(api: Api, task_id: int, name: str, kind: str, path: str, filename: str) -> Dict[str, Any]:
@@ -112,10 +126,27 @@ class Artifact:
                 os.unlink(partial)
         return path
 
-    def get(self) -> Any:
-        """The object (unpickled), or for a file the path of its local copy. Unpickling runs
-        code: read only your own tasks' artifacts (the server lets no one else's through)."""
+    @property
+    def metadata(self) -> Dict[str, Any]:
+        """What upload_artifact(metadata=) kept (the task's parameter artifact_metadata/NAME)."""
+        record = self._api.get(f"/sdk/tasks/{self.task_id}")
+        found: Dict[str, Any] = (record.get("parameters") or {}).get(
+            f"artifact_metadata/{self.name}"
+        ) or {}
+        return found
+
+    def get_local_copy(self) -> str:
+        """ClearML's name: the path of a local copy (a folder's, unpacked)."""
         path = self.local_copy()
+        return _unpacked(path) if self.kind == "folder" else path
+
+    def get(self) -> Any:
+        """The object (unpickled), or for a file the path of its local copy, for a folder the
+        path of its unpacked copy. Unpickling runs code: read only your own tasks' artifacts
+        (the server lets no one else's through)."""
+        path = self.local_copy()
+        if self.kind == "folder":
+            return _unpacked(path)
         if self.kind != "object":
             return path
         with open(path, "rb") as f:
@@ -157,6 +188,21 @@ def cache_dir() -> str:
         return os.path.join(job_dir, "artifacts")
     base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
     return os.path.join(base, "klique", "artifacts")
+
+
+def _unpacked(archive: str) -> str:
+    """A folder artifact's zip, unpacked once beside it (the zip is checked by its digest;
+    zipfile keeps every member inside the folder it extracts to)."""
+    folder = os.path.join(os.path.dirname(archive), "unpacked")
+    if not os.path.isdir(folder):
+        partial = tempfile.mkdtemp(dir=os.path.dirname(archive), prefix=".unpacking-")
+        with zipfile.ZipFile(archive) as zipped:
+            zipped.extractall(partial)
+        try:
+            os.rename(partial, folder)
+        except OSError:  # another process unpacked it first
+            shutil.rmtree(partial, ignore_errors=True)
+    return folder
 
 
 def _sha256(path: str) -> str:

@@ -10,7 +10,9 @@ import contextlib
 import hashlib
 import inspect
 import json
+import operator
 import pickle
+import sys
 import time
 
 from klique._api import KliqueError
@@ -45,16 +47,38 @@ class Step:
         cache: bool,
         requirements: Optional[List[str]],
         image: Optional[str],
+        retries: int = 0,
+        name: Optional[str] = None,
+        single: Optional[bool] = None,
     ) -> None:
         self.func = func
         self.resource = resource
         self.returns = tuple(check_name(r) for r in returns) or ("result",)
-        self.single = not returns
+        self.single = not returns if single is None else single
         self.cache = cache
         self.requirements = requirements
         self.image = image
-        self.__name__ = func.__name__
+        self.retries = _retries(retries)
+        self.__name__ = name or func.__name__
         self.__doc__ = func.__doc__
+
+    def source(self) -> str:
+        """What the cache compares of the step itself: the function's source."""
+        return inspect.getsource(self.func)
+
+    def runs(self, args: List[Any], kwargs: Dict[str, Any]) -> Dict[str, Any]:
+        """What the step's task runs: the pipeline's script, calling this function."""
+        return {
+            "command": STEP_COMMAND,
+            "parameters": {
+                STEP_KEY: {
+                    "function": self.func.__name__,
+                    "returns": list(self.returns),
+                },
+                "args": args,
+                "kwargs": kwargs,
+            },
+        }
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         controller = Controller.current
@@ -64,24 +88,62 @@ class Step:
         return outputs[0] if self.single else tuple(outputs)
 
 
+class TaskStep(Step):
+    """A step that is a clone of an existing task (ClearML's add_step): the base task's code,
+    packages and parameters, its keyword arguments the parameters to change. Other steps read
+    its id (`${NAME.id}`), and through it its artifacts; it has no return values."""
+
+    def __init__(self, name: str, base: int, resource: Optional[str], retries: int) -> None:
+        def clone() -> None:
+            """A clone of the base task."""
+
+        super().__init__(clone, resource, (), False, None, None, retries, name)
+        self.base = int(base)
+
+    def source(self) -> str:
+        raise KliqueError(f"step {self.__name__}: a cloned task's outputs are not cached")
+
+    def runs(self, args: List[Any], kwargs: Dict[str, Any]) -> Dict[str, Any]:
+        """The parameters to change: values (JSON), or another step's task id."""
+        changed = {}
+        for key, value in kwargs.items():
+            if "value" not in value:
+                raise KliqueError(
+                    f"step {self.__name__}: parameter {key} of a cloned task takes a value "
+                    "(text, a number, a list or a dict) or ${STEP.id}, not a step's output"
+                )
+            changed[key] = value["value"]
+        return {"parameters": changed}
+
+
 def step(
     resource: Optional[str] = None,
     returns: Sequence[str] = (),
     cache: bool = False,
     requirements: Optional[List[str]] = None,
     image: Optional[str] = None,
+    retries: int = 0,
 ) -> Callable[[Callable[..., Any]], Step]:
     """Make a function a pipeline step. `returns` names its outputs when it returns a tuple;
-    `cache=True` reuses the outputs of a completed step with the same code and inputs."""
+    `cache=True` reuses the outputs of a completed step with the same code and inputs;
+    `retries=N` starts a step that failed (not one cancelled) again, up to N times."""
 
     def wrap(func: Callable[..., Any]) -> Step:
-        return Step(func, resource, tuple(returns), cache, requirements, image)
+        return Step(func, resource, tuple(returns), cache, requirements, image, retries)
 
     return wrap
 
 
+def _retries(retries: Any) -> int:
+    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+        raise KliqueError(f"retries {retries!r}: give a number of retries, 0 or more")
+    return retries
+
+
 class Output:
-    """A step's output before it exists: pass it to other steps, or ask for .result()."""
+    """A step's output before it exists. Passed to another step it is that step's input;
+    used as a value (printed, compared, added, indexed, an attribute read) the pipeline runs
+    until it exists and it is its value; .result() says so outright."""
 
     def __init__(self, node: Node, name: str) -> None:
         self.node = node
@@ -92,9 +154,77 @@ class Output:
 
     def result(self) -> Any:
         """Run the pipeline until this output exists, and return its value."""
-        self.node.controller.run(until=self.node)
-        task = self.node.task_id
-        return Task(self.node.controller.api, task or 0).artifacts[self.name].get()
+        if "_value" not in self.__dict__:
+            self.node.controller.run(until=self.node)
+            task = self.node.task_id
+            value = Task(self.node.controller.api, task or 0).artifacts[self.name].get()
+            self.__dict__["_value"] = value
+        return self.__dict__["_value"]
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):  # pickle's and copy's probes find nothing here
+            raise AttributeError(name)
+        return getattr(self.result(), name)
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        raise KliqueError(
+            f"{self!r} is a step's output that does not exist yet: pass it to a step as an "
+            "argument of its own, or use its value with .result()"
+        )
+
+
+def _through_value(name: str, apply: Callable[..., Any]) -> None:
+    """Output.NAME: the same operation on the output's value."""
+
+    def method(self: Output, *args: Any) -> Any:
+        return apply(self.result(), *args)
+
+    method.__name__ = name
+    setattr(Output, name, method)
+
+
+_THROUGH_VALUE: Dict[str, Callable[..., Any]] = {
+    "__str__": str,
+    "__format__": format,
+    "__bool__": bool,
+    "__len__": len,
+    "__iter__": iter,
+    "__int__": int,
+    "__float__": float,
+    "__index__": operator.index,
+    "__getitem__": operator.getitem,
+    "__contains__": operator.contains,
+    "__eq__": operator.eq,
+    "__ne__": operator.ne,
+    "__lt__": operator.lt,
+    "__le__": operator.le,
+    "__gt__": operator.gt,
+    "__ge__": operator.ge,
+    "__add__": operator.add,
+    "__sub__": operator.sub,
+    "__mul__": operator.mul,
+    "__truediv__": operator.truediv,
+    "__floordiv__": operator.floordiv,
+    "__mod__": operator.mod,
+    "__pow__": operator.pow,
+    "__neg__": operator.neg,
+    "__abs__": abs,
+    "__round__": round,
+    "__radd__": lambda value, other: other + value,
+    "__rsub__": lambda value, other: other - value,
+    "__rmul__": lambda value, other: other * value,
+    "__rtruediv__": lambda value, other: other / value,
+}
+for _name, _apply in _THROUGH_VALUE.items():
+    _through_value(_name, _apply)
+
+
+class TaskOf:
+    """The id of a step's task, passed to another step (ClearML's `${NAME.id}`): that step
+    may read every artifact of it."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
 
 
 class Node:
@@ -110,10 +240,12 @@ class Node:
         self.task_id: Optional[int] = None
         self.state = "waiting"
         self.outputs = [Output(self, name) for name in step.returns]
+        self.after: List[Node] = []  # steps it waits for without reading their outputs
+        self.tries = 0
 
     def needs(self) -> List[Node]:
         values = list(self.args) + list(self.kwargs.values())
-        return [v.node for v in values if isinstance(v, Output)]
+        return [v.node for v in values if isinstance(v, (Output, TaskOf))] + self.after
 
 
 class Controller:
@@ -130,6 +262,7 @@ class Controller:
         self.script = origin["command"][1]
         self.requirements = list(origin.get("requirements") or [])
         self.nodes: List[Node] = []
+        self.default_resource: Optional[str] = None  # a step's when it names none
 
     def add(self, step: Step, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> List[Output]:
         node = Node(self, step, args, kwargs)
@@ -166,12 +299,29 @@ class Controller:
             if node is None:
                 continue
             node.state = found["state"]
+            if node.state in _FAILED and node.state != "cancelled" and self._retry(node):
+                continue
             if node.state in _FAILED:
                 self._cancel_running()
                 raise PipelineFailed(
                     f"step {node.step.__name__} (task {node.task_id}) {node.state}: "
                     f"{found['reason']}"
                 )
+
+    @staticmethod
+    def _retry(node: Node) -> bool:
+        """Start a failed step again if it has retries left."""
+        if node.tries >= node.step.retries:
+            return False
+        node.tries += 1
+        print(
+            f"klique: step {node.step.__name__} (task {node.task_id}) {node.state}; "
+            f"starting it again ({node.tries} of {node.step.retries})",
+            file=sys.stderr,
+            flush=True,
+        )
+        node.task_id, node.state = None, "waiting"
+        return True
 
     def _cancel_running(self) -> None:
         for node in self.nodes:
@@ -185,7 +335,15 @@ class Controller:
         queued: List[Tuple[Node, Dict[str, Any]]] = []
         for node in nodes:
             body = self._body(node)
-            if "reuse" in body:
+            if isinstance(node.step, TaskStep):
+                clone = {
+                    "name": body["name"],
+                    "resource": node.step.resource,  # None: the base task's
+                    "parameters": body["parameters"],
+                    "parent": self.pipeline,
+                }
+                self._made(node, self.api.post(f"/sdk/tasks/{node.step.base}/clone", clone))
+            elif "reuse" in body:
                 self._made(node, self.api.post("/sdk/tasks", body))
             else:
                 queued.append((node, body))
@@ -211,11 +369,13 @@ class Controller:
             for ref in [*args, *kwargs.values()]
             if isinstance(ref, dict) and "artifact" in ref
         ]
+        for value in [*node.args, *node.kwargs.values()]:
+            if isinstance(value, TaskOf):  # its reader may read every artifact of that task
+                inputs += self._every_artifact(value.node.task_id or 0)
         body: Dict[str, Any] = {
             "name": step.__name__,
             "project": self.project,
-            "resource": step.resource,
-            "command": STEP_COMMAND,
+            "resource": step.resource or self._default_resource(),
             "code": self.code,
             "requirements": step.requirements
             if step.requirements is not None
@@ -223,22 +383,25 @@ class Controller:
             "image": step.image,
             "parent": self.pipeline,
             "inputs": inputs,
-            "parameters": {
-                STEP_KEY: {
-                    "script": self.script,
-                    "function": step.func.__name__,
-                    "returns": list(step.returns),
-                },
-                "args": args,
-                "kwargs": kwargs,
-            },
         }
+        body.update(step.runs(args, kwargs))
+        if STEP_KEY in body["parameters"]:
+            body["parameters"][STEP_KEY]["script"] = self.script
         if step.cache:
             body["cache_key"] = self._cache_key(step, args, kwargs)
             earlier = self._cached(body["cache_key"])
             if earlier is not None:
                 body["reuse"] = earlier
         return body
+
+    def _default_resource(self) -> Optional[str]:
+        if self.default_resource is None:
+            self.default_resource = self.api.get("/sdk/settings")["default_resource"]
+        return self.default_resource
+
+    def _every_artifact(self, task_id: int) -> List[Dict[str, Any]]:
+        listed = self.api.get(f"/tasks/{int(task_id)}/artifacts")
+        return [{"task": int(task_id), "name": a["name"]} for a in listed]
 
     def _cached(self, key: str) -> Optional[int]:
         try:
@@ -260,7 +423,7 @@ class Controller:
             return value
 
         what = {
-            "source": inspect.getsource(step.func),
+            "source": step.source(),
             "resource": step.resource,
             "args": [by_content(a) for a in args],
             "kwargs": {k: by_content(v) for k, v in sorted(kwargs.items())},
@@ -271,6 +434,8 @@ class Controller:
         """An input as a step's parameters carry it: an artifact, JSON, or a pickle."""
         if isinstance(value, Output):
             return {"artifact": {"task": value.node.task_id, "name": value.name}}
+        if isinstance(value, TaskOf):
+            return {"value": value.node.task_id}
         if isinstance(value, File):
             name = f"input-{hashlib.sha256(value.path.encode()).hexdigest()[:16]}"
             Task(self.api, self.pipeline).upload_artifact(name, value)

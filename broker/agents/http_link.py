@@ -1,5 +1,8 @@
 """The control plane over the agent API (broker/api/agent_link.py), as the ControlPlane protocol
-(broker/agents/link.py) says: the link of `klique agent` on a login node."""
+(broker/agents/link.py) says: the link of `klique agent` on a login node. The server may be
+one URL (one server, or the replicas' public URL behind a load balancer) or a comma-separated
+list of replicas' URLs, which the link follows: a request that could not connect goes to the
+next at once, and after any other failure of a replica the next request does."""
 
 from __future__ import annotations
 
@@ -25,8 +28,9 @@ class HttpLink:
 
     def __init__(self, server: str, token: str, pool: str, timeout: float = 30.0) -> None:
         self.pool = pool
+        self.servers = server_urls(server)
+        self.current = 0  # the replica the last request reached, or the next to try
         self.http = httpx.AsyncClient(
-            base_url=f"{server.rstrip('/')}/api/v1/agent/pools",
             headers={"Authorization": f"Bearer {token}"},
             timeout=timeout,
         )
@@ -34,11 +38,24 @@ class HttpLink:
     async def close(self) -> None:
         await self.http.aclose()
 
+    async def _send(self, method: str, path: str, body: Any) -> httpx.Response:
+        """The request to the current replica; to the next ones while none could be reached
+        (nothing was sent: safe to send again). Any other failure moves the next request on:
+        a request that may have been applied is never sent twice."""
+        for _ in self.servers:
+            base = f"{self.servers[self.current]}/api/v1/agent/pools"
+            try:
+                return await self.http.request(method, base + path, json=body)
+            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+                failure: httpx.HTTPError = exc
+                self.current = (self.current + 1) % len(self.servers)
+            except httpx.HTTPError as exc:
+                self.current = (self.current + 1) % len(self.servers)
+                raise TransportError(f"the control plane did not answer: {exc!r}") from exc
+        raise TransportError(f"the control plane did not answer: {failure!r}") from failure
+
     async def _request(self, method: str, path: str, body: Any = None) -> Any:
-        try:
-            response = await self.http.request(method, path, json=body)
-        except httpx.HTTPError as exc:
-            raise TransportError(f"the control plane did not answer: {exc!r}") from exc
+        response = await self._send(method, path, body)
         if response.status_code == 401:
             raise TokenRefused(f"the control plane refused this agent's token: {_detail(response)}")
         if response.status_code >= 400:
@@ -105,6 +122,14 @@ class HttpLink:
         fields = pool_state_to_json(state)
         fields.pop("name", None)
         await self._call("published", state=fields, strangers=list(strangers))
+
+
+def server_urls(server: str) -> list[str]:
+    """--server as the list of URLs it names (one, or the replicas' comma-separated)."""
+    urls = [url.strip().rstrip("/") for url in server.split(",") if url.strip()]
+    if not urls:
+        raise KliqueError("--server names no URL; fix: give the control plane's URL")
+    return urls
 
 
 def _detail(response: httpx.Response) -> str:

@@ -52,6 +52,7 @@ class PoolAgent:
         self.snapshot = PoolState(name, reachable=False, reason="not polled yet")
         self.last_good: float | None = None  # wall-clock time of the last good look
         self.looks = 0
+        self.status_queries = 0  # one per look at most, whatever the number of tasks
         self._failure = ""  # the reason of the current run of failures, logged once
         # The pool's one clock: its looks, its status queries, its claimed ends.
         self.clock = PoolClock(interval_s, driver.query_interval_s)
@@ -99,7 +100,13 @@ class PoolAgent:
         except Exception as exc:  # any failure: this pool only, logged once, backed off
             reason = _words(exc)
             if reason != self._failure:
-                log.warning("pool %s: %s", self.name, reason, exc_info=not _expected(exc))
+                log.warning(
+                    "pool %s: %s",
+                    self.name,
+                    reason,
+                    exc_info=not _expected(exc),
+                    extra={"pool": self.name},
+                )
                 self._failure = reason
             self.clock.look_failed()
             self.snapshot = PoolState(
@@ -114,7 +121,7 @@ class PoolAgent:
         if not self.snapshot.reachable:
             return  # the pool said so itself (a failure met on an earlier look, or its checks)
         if self._failure:
-            log.info("pool %s answers again", self.name)
+            log.info("pool %s answers again", self.name, extra={"pool": self.name})
         self._failure = ""
         self.clock.look_answered()
 
@@ -160,6 +167,7 @@ class PoolAgent:
         if not self.clock.query_due(claimed, now):
             return {}
         self.clock.queried(claimed, now)
+        self.status_queries += 1
         try:
             news = await self.driver.poll(followed)
         except KliqueError:
@@ -169,6 +177,7 @@ class PoolAgent:
         return news
 
     async def _publish(self) -> None:
+        self.snapshot = replace(self.snapshot, looks=self.looks, status_queries=self.status_queries)
         with contextlib.suppress(KliqueError):
             await self.link.published(self.name, self.snapshot, sorted(self.driver.strangers))
 
@@ -236,7 +245,9 @@ class PoolAgent:
             try:
                 await self._not_submitted(task, outcome)
             except Exception as exc:  # one task's record: the others are recorded still
-                log.warning("pool %s: task %s: %s", self.name, task.id, _words(exc))
+                log.warning(
+                    "pool %s: task %s: %s", self.name, task.id, _words(exc), extra=_ids(self, task)
+                )
         for _ in accepted:  # counted per task: the pool has every job, the store none
             crash_point("after_submit")
         if not accepted:
@@ -244,16 +255,30 @@ class PoolAgent:
         recorded = await self.link.submitted(accepted)
         for (task, native_id, _job_dir), kept in zip(accepted, recorded, strict=True):
             if kept:
+                log.info(
+                    "pool %s: task %s submitted as job %s",
+                    self.name,
+                    task.id,
+                    native_id,
+                    extra={**_ids(self, task), "native_id": native_id},
+                )
                 continue
             try:  # cancelled while the pool was accepting it
                 await self.driver.cancel(replace(task, native_id=native_id))
             except Exception as exc:  # one task's cancel: the others are cancelled still
-                log.warning("pool %s: task %s: %s", self.name, task.id, _words(exc))
+                log.warning(
+                    "pool %s: task %s: %s", self.name, task.id, _words(exc), extra=_ids(self, task)
+                )
 
     async def _not_submitted(self, begun: Task, outcome: Exception) -> None:
         """Record how one task's submission failed."""
         if isinstance(outcome, SubmitUnknown):
-            log.warning("task %s: submission outcome unknown: %s", begun.id, outcome)
+            log.warning(
+                "task %s: submission outcome unknown: %s",
+                begun.id,
+                outcome,
+                extra=_ids(self, begun),
+            )
             return  # stays placed, with its folder: the next look finds its job or resubmits
         if isinstance(outcome, TransportError):  # nothing was submitted: try again when back
             await self.link.requeue(
@@ -307,3 +332,8 @@ def _words(exc: BaseException) -> str:
 def _expected(exc: BaseException) -> bool:
     """Failures of the pool itself; anything else is a bug worth its traceback (once)."""
     return isinstance(exc, KliqueError | TimeoutError)
+
+
+def _ids(agent: PoolAgent, task: Task) -> dict[str, object]:
+    """A log event's ids (logging's `extra`): JSON logs carry them as fields of their own."""
+    return {"task_id": task.id, "pool": agent.name}

@@ -31,7 +31,9 @@ async def serve_pool(pool: str, server: str, token: str, home: Path) -> None:
     if pool not in estate.pools:
         raise KliqueError(f"the estate at {server} has no pool {pool!r}")
     home.mkdir(mode=0o700, parents=True, exist_ok=True)
-    driver = make_driver(estate.pools[pool], driver_context(estate, home, api_url=server))
+    # Jobs report to one URL: the first (the replicas' public URL, where there is one).
+    api_url = link.servers[0]
+    driver = make_driver(estate.pools[pool], driver_context(estate, home, api_url=api_url))
     agent = build_agent(estate.pools[pool], driver, link, REMOTE_LOOK_S)
     for problem in await driver.check():
         log.error("pool %s: %s", pool, problem)

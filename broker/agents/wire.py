@@ -29,6 +29,7 @@ def task_from_json(data: dict[str, Any]) -> Task:
     known["skip_pools"] = frozenset(data.get("skip_pools") or ())
     known["origin"] = Origin(data.get("origin") or Origin.POOL)
     known["packages"] = tuple(data.get("packages") or ())
+    known["tags"] = tuple(data.get("tags") or ())
     known["inputs"] = tuple((int(t), str(n)) for t, n in data.get("inputs") or ())
     return Task(**known)
 

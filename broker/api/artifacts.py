@@ -26,8 +26,9 @@ from broker.tasks.schemas import ArtifactOut
 
 router = APIRouter(prefix=API)
 Name = Annotated[str, PathParam(pattern=ARTIFACT, description="The artifact's name.")]
-# The one route whose body the request-size limit leaves alone: it streams and has its own.
-STREAMED = re.compile(r"^/api/v1/tasks/[0-9]+/artifacts/[^/]+$")
+# The routes whose body the request-size limit leaves alone: they stream and have their own
+# (artifacts here, dataset blobs in broker/api/datasets.py).
+STREAMED = re.compile(r"^/api/v1/(tasks/[0-9]+/artifacts/[^/]+|datasets/blobs/[0-9a-f]{64})$")
 _BINARY = {
     "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}
 }
@@ -53,7 +54,7 @@ async def upload(
     request: Request,
     tasks: Tasks,
     actor: ActorAuth,
-    kind: Literal["file", "object"] = "file",
+    kind: Literal["file", "folder", "object"] = "file",
     filename: Annotated[str | None, Query(pattern=FILENAME)] = None,
 ) -> ArtifactOut:
     """Store the body as the task's artifact `name` (replacing one of that name)."""

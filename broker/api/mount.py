@@ -9,7 +9,7 @@ from fastapi import FastAPI
 from pydantic import BaseModel
 
 from broker import authz
-from broker.api import artifacts, sdk, sweeps
+from broker.api import artifacts, datasets, keeping, models, sdk, sweeps, tunings
 from broker.api.agent_link import agent_router
 from broker.api.apps import router as apps_router
 from broker.api.estate import estate_router
@@ -17,10 +17,15 @@ from broker.api.identity import identity_router
 from broker.api.tasks import tasks_router
 from broker.artifacts import ArtifactStore
 from broker.control.loop import ControlLoop
+from broker.datasets.blobs import blobs_for
 from broker.http.callers import Auth, Caller
 from broker.http.paths import API
 from broker.identity.resolve import Identities
+from broker.tasks.datasets import DatasetService
+from broker.tasks.keeping import Retention
+from broker.tasks.models import ModelService
 from broker.tasks.service import TaskService
+from broker.tasks.tuning import TuningService
 
 
 class ErrorOut(BaseModel):
@@ -53,7 +58,16 @@ def mount_api(app: FastAPI, control: ControlLoop, identities: Identities) -> Non
     settings = control.estate.artifacts
     app.state.artifacts = ArtifactStore(settings.store, control.home, settings.max_bytes)
     app.include_router(sdk.router)
+    app.include_router(keeping.router)
+    control.chores.append(Retention(control, app.state.artifacts))  # the estate's retention
     app.include_router(artifacts.router)
+    app.state.models = ModelService(control)  # the model registry's router finds it
+    app.include_router(models.router)
+    app.state.tunings = TuningService(control)  # tuning's router finds it
+    app.include_router(tunings.router)
+    app.state.datasets = DatasetService(control)  # the datasets' router finds them
+    app.state.dataset_blobs = blobs_for(control.estate.datasets, app.state.artifacts)
+    app.include_router(datasets.router)
     app.include_router(sweeps.router)
     app.include_router(identity_router(identities, API))
 

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Path, Query, Response
 
 from broker.api.apps import Apps
 from broker.api.tasks import Tasks
-from broker.http.callers import ActorAuth
+from broker.http.callers import ActorAuth, Auth
 from broker.http.paths import API, TaskId
 from broker.tasks.apps import clone_task
+from broker.tasks.report_schemas import ReportKind, ReportOut
 from broker.tasks.schemas import TaskOut
 from broker.tasks.sdk_schemas import (
     CloneIn,
@@ -29,6 +30,7 @@ from broker.tasks.sdk_schemas import (
 )
 
 router = APIRouter(prefix=API)
+ReportId = Annotated[int, Path(ge=1, lt=2**63, description="The report's id.")]
 
 
 @router.get("/sdk/settings")
@@ -103,3 +105,30 @@ def cached(
     """The newest completed task of the caller with this cache key (same code and inputs);
     for a report token, the newest such step of its own pipeline run (reuse allows no other)."""
     return tasks.cached(actor, key)
+
+
+@router.get("/tasks/{task_id}/reports")
+def reports(
+    task_id: TaskId,
+    tasks: Tasks,
+    who: Auth,
+    kind: Annotated[ReportKind | None, Query(description="Only reports of this kind.")] = None,
+) -> list[ReportOut]:
+    """What the task reported beyond scalars (tables, images, plots, histograms, texts, single
+    values, media), in order; an image's or media file's bytes are at its `file`."""
+    return tasks.reports(who, task_id, kind)
+
+
+@router.get("/tasks/{task_id}/reports/{report_id}/file", response_class=Response)
+def report_file(task_id: TaskId, report_id: ReportId, tasks: Tasks, who: Auth) -> Response:
+    """A report's file: a PNG or JPEG (known by its bytes) as an image, anything else as a
+    download of opaque bytes, never as a page a browser would run (SECURITY.md)."""
+    content, how = tasks.report_file(who, task_id, report_id)
+    headers = {
+        "X-Content-Type-Options": "nosniff",
+        "Content-Security-Policy": "default-src 'none'; sandbox",
+        "Cache-Control": "private, max-age=3600",
+    }
+    if how.attachment:
+        headers["Content-Disposition"] = f'attachment; filename="report-{report_id}.bin"'
+    return Response(content, media_type=how.media_type, headers=headers)

@@ -36,9 +36,12 @@ def tasks_router(tasks: TaskService) -> APIRouter:
         limit: Annotated[int, Query(ge=1, le=1000)] = 200,
         before: Annotated[int | None, Query(ge=1, lt=2**63)] = None,
         project: Annotated[str | None, Query(max_length=200)] = None,
+        tag: Annotated[str | None, Query(max_length=64, description="Only tasks with it.")] = None,
+        archived: Annotated[bool, Query(description="The archived tasks instead.")] = False,
+        team: Annotated[bool, Query(description="Your team's tasks, yours too.")] = False,
     ) -> list[TaskOut]:
         """The newest tasks first, a page at a time: pass the last id seen as `before`."""
-        return tasks.listing(who, state, all_users, limit, before, project)
+        return tasks.listing(who, state, all_users, limit, before, project, tag, archived, team)
 
     @router.get("/tasks/{task_id}")
     def show(task_id: TaskId, who: Auth) -> TaskOut:

@@ -10,7 +10,22 @@ from typing import Any
 import click
 
 from broker import config
-from broker.cli import apps, completion, db, login, platform, sdk, submit, tasks, tokens
+from broker.cli import (
+    apps,
+    completion,
+    db,
+    deploy,
+    keeping,
+    login,
+    platform,
+    sdk,
+    submit,
+    tasks,
+    tokens,
+)
+from broker.cli import datasets as dataset_commands
+from broker.cli import models as model_commands
+from broker.cli import tune as tune_commands
 from broker.cli.server_extra import LOAD_ERRORS, missing_server
 from broker.client import one_line
 from broker.errors import EstateError, KliqueError
@@ -63,9 +78,16 @@ COMMANDS: tuple[click.Command, ...] = (
     tasks.why,
     tasks.resources,
     tasks.pools,
+    keeping.tag,
+    keeping.archive,
+    keeping.unarchive,
+    keeping.delete,
     sdk.artifacts,
     sdk.compare,
     apps.app,
+    model_commands.model,
+    dataset_commands.dataset,
+    tune_commands.tune,
     platform.server,
     platform.agent,
     platform.estate,
@@ -73,6 +95,7 @@ COMMANDS: tuple[click.Command, ...] = (
     platform.usage,
     platform.policy,
     db.db,
+    deploy.deploy,
     tokens.token,
 )
 for command in COMMANDS:

@@ -32,6 +32,16 @@ ROOT_WITHOUT_ESTATE = (
     "account (user_map, job_root), or run `klique demo`, which makes such an account and estate"
 )
 
+# `klique server` and `klique agent` alike (broker/logs.py).
+log_format_option = click.option(
+    "--log-format",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    help="json: one JSON object a line on standard error for each event (time, level, logger, "
+    "message, and its task_id and pool where it has them), for a log shipper.",
+)
+
 
 @click.command()
 @click.option(
@@ -83,6 +93,21 @@ ROOT_WITHOUT_ESTATE = (
     "--tls-key. Default: plain HTTP (behind a proxy that serves TLS, say).",
 )
 @click.option("--tls-key", metavar="FILE", help="The private key (PEM) of --tls-cert.")
+@click.option(
+    "--replica-id",
+    metavar="ID",
+    help="This server's name among replicas on one PostgreSQL store, shown by /readyz "
+    "(default: HOST:PORT).",
+)
+@click.option(
+    "--lease-ttl",
+    type=click.FloatRange(min=2.0, max=300.0),
+    default=8.0,
+    show_default=True,
+    help="Seconds the scheduler's lease holds unrenewed: with replicas, another takes over "
+    "within about this long after the leader dies or is cut from the database.",
+)
+@log_format_option
 def server(
     estate_path: str | None,
     host: str,
@@ -94,11 +119,18 @@ def server(
     public_url: str | None,
     tls_cert: str | None,
     tls_key: str | None,
+    replica_id: str | None,
+    lease_ttl: float,
+    log_format: str,
 ) -> None:
-    """Run the API, the scheduler and the pool agents in this process."""
+    """Run the API, the scheduler and the pool agents in this process (with replicas on one
+    PostgreSQL store, the scheduler and the agents run in one replica at a time)."""
     from broker.estate import builtin_estate, load_estate  # the server extra is optional
+    from broker.logs import log_json  # the server extra is optional
     from broker.server import serve, tls_files  # the server extra is optional
 
+    if log_format == "json":
+        log_json()
     try:
         tls = tls_files(tls_cert, tls_key)
     except ValueError as exc:
@@ -123,6 +155,9 @@ def server(
         trusted_proxies=forwarded_allow_ips,
         public=public_url,
         tls=tls,
+        json_logs=log_format == "json",
+        replica=replica_id,
+        lease_ttl_s=lease_ttl,
     )
 
 
@@ -140,14 +175,20 @@ def server(
     type=click.Path(dir_okay=False, exists=True),
     help="A file holding the agent token (default: $KLIQUE_AGENT_TOKEN).",
 )
+@log_format_option
 def agent(
-    pool: str | None, server: str | None, token_file: str | None, helper_path: str | None
+    pool: str | None,
+    server: str | None,
+    token_file: str | None,
+    helper_path: str | None,
+    log_format: str,
 ) -> None:
     """Serve one pool from its login node: submit, follow and report its tasks."""
     if helper_path:  # the helper is standard-library Python: no server extra needed for it
         click.echo(f"installed {install_helper(Path(helper_path))}")
         return
     from broker.agents.remote import serve_pool  # the server extra is optional
+    from broker.logs import log_json  # the server extra is optional
 
     if not pool or not server:
         raise KliqueError("give --pool NAME and --server URL (or --install-helper PATH)")
@@ -159,8 +200,11 @@ def agent(
             "no agent token; fix: make one with `klique token create-agent --pool "
             f"{pool}` and pass it with --token-file FILE or $KLIQUE_AGENT_TOKEN"
         )
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per request
+    if log_format == "json":
+        log_json()
+    else:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+        logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per request
     asyncio.run(serve_pool(pool, server, token, config.home()))
 
 
@@ -196,7 +240,8 @@ def estate_check(path: str, file_only: bool) -> None:
 
 
 def _templates_used(estate: Estate) -> list[str]:
-    """Which template file each compute resource's script comes from, on each batch pool."""
+    """Which template file each compute resource's script comes from, on each batch pool
+    (a Kubernetes pool's pod template is checked with the pool's own checks instead)."""
     from broker.pools.base import Context  # the server extra is optional
     from broker.pools.batch import BatchDriver  # the server extra is optional
     from broker.pools.registry import make_driver  # the server extra is optional
@@ -209,7 +254,8 @@ def _templates_used(estate: Estate) -> list[str]:
             if not pool.queueing:
                 continue
             driver = make_driver(pool, context)
-            assert isinstance(driver, BatchDriver)
+            if not isinstance(driver, BatchDriver):
+                continue
             try:
                 where = str(driver.template(name).path)
             except KliqueError as exc:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import Any
 
 import click
 
+from broker.cli import progress
 from broker.cli.output import cell, json_option, listing, table
 from broker.client import Client
 
@@ -67,7 +69,8 @@ def artifacts_get(task_id: int, name: str, output: str | None) -> None:
         raise click.ClickException(f"task {task_id} has no artifact {name!r} (it has: {known})")
     # The file name comes from the server's pattern (no folders); -o names any path.
     dest = Path(output or Path(found[name]["filename"]).name or name)
-    size = client.download(f"/tasks/{task_id}/artifacts/{name}", dest)
+    counter = functools.partial(progress.byte_bar, what=f"downloading {dest.name}")
+    size = client.download(f"/tasks/{task_id}/artifacts/{name}", dest, counter)
     click.echo(f"{dest} ({size} bytes, {found[name]['kind']})")
 
 

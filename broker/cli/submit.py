@@ -16,6 +16,7 @@ from typing import Any
 import click
 
 from broker import sweeps
+from broker.cli import progress
 from broker.cli.tasks import FINAL
 from broker.client import ApiError, Client, one_line
 from broker.codecapture import capture, remote_commit
@@ -135,7 +136,7 @@ def submit(
         if sweeping:
             submit_sweep(client, body, sweep_file, grid, as_json, wait)
             return
-        task = client.post("/tasks", body)
+        task = client.post("/tasks", body, sending=progress.sending("the task and its code"))
     if as_json:
         click.echo(json.dumps(task, indent=2))
     else:
@@ -233,7 +234,8 @@ def submit_sweep(
         for where, params in points
     ]
     name = Path(sweep_file).name if sweep_file else " ".join(grid_items)
-    made = client.post("/sweeps", {"name": name[:200], "tasks": tasks})
+    sweep = {"name": name[:200], "tasks": tasks}
+    made = client.post("/sweeps", sweep, sending=progress.sending(f"{len(tasks)} tasks"))
     ids = [t["id"] for t in made["tasks"]]
     if as_json:
         click.echo(json.dumps(made, indent=2))
@@ -244,13 +246,16 @@ def submit_sweep(
 
 
 def wait_sweep(client: Any, sweep: int, poll_s: float = 0.5) -> int:
-    """Wait until every task of the sweep has ended; 0 if all completed, else 1."""
-    while True:
-        states: dict[str, int] = client.get(f"/sweeps/{sweep}")["states"]
-        if set(states) <= FINAL:
-            break
-        time.sleep(poll_s)
-    click.echo(f"sweep {sweep}: " + ", ".join(f"{n} {s}" for s, n in sorted(states.items())))
+    """Wait until every task of the sweep has ended, its finished tasks and its counts by
+    state on a bar meanwhile (on a terminal); 0 if all completed, else 1."""
+    with contextlib.closing(progress.sweep_bar(sweep)) as bar:
+        while True:
+            states: dict[str, int] = client.get(f"/sweeps/{sweep}")["states"]
+            progress.show_sweep(bar, states, FINAL)
+            if set(states) <= FINAL:
+                break
+            time.sleep(poll_s)
+    click.echo(f"sweep {sweep}: {progress.by_state(states)}")
     return 0 if set(states) == {"completed"} else 1
 
 

@@ -3,6 +3,7 @@ resources and pools. Thin: each calls the API and prints its answer."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import time
@@ -10,13 +11,16 @@ from typing import Any
 
 import click
 
-from broker.cli import sdk
+from broker.cli import progress, sdk
+from broker.cli.datasets import show_reads
 from broker.cli.output import cell, json_option, listing, when
 from broker.client import Client
 from broker.domain import FINAL_STATES
 
 # The states the API names once a task has ended, for the commands that wait for that.
 FINAL = frozenset(state.value for state in FINAL_STATES)
+# A followed task's state is asked this often, for its stage line (on a terminal only).
+STAGE_EVERY_S = 1.0
 
 TASK_COLUMNS = [
     ("id", "ID"),
@@ -25,6 +29,7 @@ TASK_COLUMNS = [
     ("pool", "POOL"),
     ("project", "PROJECT"),
     ("name", "NAME"),
+    ("tags", "TAGS"),
     ("exit_code", "EXIT"),
     ("reason", "REASON"),
 ]
@@ -37,6 +42,9 @@ TASK_COLUMNS = [
 @click.option("--before", type=int, help="Only tasks older than this id (the next page).")
 @click.option("--sweep", type=int, metavar="ID", help="Only the tasks of sweep ID.")
 @click.option("--project", "-p", metavar="P", help="Only the tasks of project P.")
+@click.option("--tag", "tag", metavar="TAG", help="Only the tasks tagged TAG.")
+@click.option("--team", is_flag=True, help="Your team's tasks (yours and your teammates').")
+@click.option("--archived", is_flag=True, help="The archived tasks (hidden otherwise).")
 @json_option
 def list_tasks(
     state: str | None,
@@ -45,13 +53,17 @@ def list_tasks(
     before: int | None,
     sweep: int | None,
     project: str | None,
+    tag: str | None,
+    team: bool,
+    archived: bool,
     as_json: bool,
 ) -> None:
-    """List your tasks, newest first, a page at a time."""
+    """List your tasks, newest first, a page at a time (archived ones with --archived only)."""
     if sweep is not None:
-        if state or all_users or project:
+        if state or all_users or project or tag or team or archived:
             raise click.UsageError(
-                "--sweep lists all of a sweep's tasks: no --state, --all or --project"
+                "--sweep lists all of a sweep's tasks: no --state, --all, --project, --tag, "
+                "--team or --archived"
             )
         rows = Client().get(f"/sweeps/{sweep}/tasks", limit=limit, before=before)
     else:
@@ -62,8 +74,11 @@ def list_tasks(
             limit=limit,
             before=before,
             project=project,
+            tag=tag,
+            team=team or None,
+            archived=archived or None,
         )
-    listing(rows, as_json, TASK_COLUMNS, no_tasks(state or project, sweep, before))
+    listing(rows, as_json, TASK_COLUMNS, no_tasks(state or project or tag, sweep, before))
 
 
 def no_tasks(state: str | None, sweep: int | None, before: int | None) -> str:
@@ -101,6 +116,9 @@ def show(task_id: int, as_json: bool) -> None:
         "job_dir",
     ):
         click.echo(f"{key + ':':11} {cell(task[key])}")
+    if task.get("tags") or task.get("archived"):
+        archived = " (archived)" if task.get("archived") else ""
+        click.echo(f"{'tags:':11} {cell(task.get('tags') or None)}{archived}")
     click.echo(f"{'command:':11} {' '.join(task['command'])}")
     if task.get("gpu_ids"):
         click.echo(f"{'gpus:':11} {', '.join(str(n) for n in task['gpu_ids'])}")
@@ -117,6 +135,7 @@ def show(task_id: int, as_json: bool) -> None:
             f"(+{code['diff_bytes']} bytes of diff)"
         )
     sdk.show_record(task)
+    show_reads(task)
     click.echo("history:")
     for e in task["events"]:
         click.echo(f"  {when(e['time'])}  {e['from']:>9} -> {e['to']:<9} {e['reason']}")
@@ -147,19 +166,30 @@ def logs(task_id: int, follow: bool, rank: int) -> None:
 def follow_logs(
     client: Client, task_id: int, follow: bool, poll_s: float = 0.3, rank: int = 0
 ) -> dict[str, Any]:
-    """Print the console from its start; with `follow`, until the task ends. Returns the last
-    chunk the API answered (`final` says whether the console is complete)."""
+    """Print the console from its start; with `follow`, until the task ends, with a line on
+    a terminal's standard error that says the task's stage (waiting, building the
+    environment, running). Returns the last chunk the API answered (`final` says whether the
+    console is complete)."""
     offset = 0
     where = {"rank": rank} if rank else {}
-    while True:
-        chunk = client.get(f"/tasks/{task_id}/logs", offset=offset, **where)
-        if chunk["text"]:
-            click.echo(chunk["text"], nl=False)
-            offset = chunk["offset"]
-            continue
-        if not follow or chunk["final"]:
-            return chunk
-        time.sleep(poll_s)
+    line = progress.StageLine(task_id) if follow else progress.StageLine.quiet(task_id)
+    runner = progress.RunnerLines()
+    asked = 0.0
+    with contextlib.closing(line):
+        while True:
+            chunk = client.get(f"/tasks/{task_id}/logs", offset=offset, **where)
+            if chunk["text"]:
+                runner.feed(chunk["text"])
+                line.echo(chunk["text"])
+                offset = chunk["offset"]
+                continue
+            if not follow or chunk["final"]:
+                return chunk
+            if line.shown and time.monotonic() - asked >= STAGE_EVERY_S:
+                asked = time.monotonic()
+                state = client.get(f"/tasks/{task_id}")["state"]
+                line.say(progress.stage(state, runner.last, FINAL))
+            time.sleep(poll_s)
 
 
 @click.command()

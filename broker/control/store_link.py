@@ -6,8 +6,9 @@ the event loop. Agents in the server call it directly; the agent API applies the
 from __future__ import annotations
 
 import asyncio
+import functools
 import secrets
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from broker.agents.link import Accepted, Attempt, Begun
 from broker.control.held import HeldTasks
@@ -26,10 +27,23 @@ def _may_move(old: TaskState, seen: Observation) -> bool:
 class StoreLink:
     """The control plane's own side: every call one short transaction, off the event loop."""
 
-    def __init__(self, store: Store, estate: Estate) -> None:
+    def __init__(
+        self,
+        store: Store,
+        estate: Estate,
+        held: HeldTasks | None = None,
+        term: Callable[[], int | None] = lambda: None,
+    ) -> None:
         self.store = store
         self.estate = estate
-        self.held = HeldTasks(store, HOLDING)  # what the pools' looks and the cycles read
+        self.held = held or HeldTasks(store, HOLDING)  # what the pools' looks and the cycles read
+        self.term = term  # the leader's term its submissions carry; None: not fenced
+
+    def fenced(self, term: Callable[[], int | None]) -> StoreLink:
+        """The same link for the in-server agents of a replica: a begun attempt and an
+        accepted job are written only while `term()` is still the lease's
+        (broker/control/lease.py)."""
+        return StoreLink(self.store, self.estate, self.held, term)
 
     async def holding(self, pool: str) -> list[Task]:
         return await asyncio.to_thread(self.held.current, pool)
@@ -42,21 +56,26 @@ class StoreLink:
             for a in attempts
         }
         placed = [TaskState.PLACED]
-        begun = await asyncio.to_thread(self.store.update_many, fields, placed)
+        write = functools.partial(self.store.update_many, term=self.term())
+        begun = await asyncio.to_thread(write, fields, placed)
         found = {task.id: Begun(task, tokens[task.id]) for task in begun}
         return [found.get(a.task.id) for a in attempts]
 
     async def submitted(self, accepted: Sequence[Accepted]) -> list[bool]:
         fields = {a.task.id: {"native_id": a.native_id, "job_dir": a.job_dir} for a in accepted}
 
+        term = self.term()
+
         def write() -> set[int]:
             placed = [TaskState.PLACED]
-            moved = self.store.change_states(fields, TaskState.SUBMITTED, "", placed, fields)
+            moved = self.store.change_states(
+                fields, TaskState.SUBMITTED, "", placed, fields, term=term
+            )
             done = {task.id for task in moved}
             # Cancelled while the pool was accepting them: keep where their jobs are.
             left = {task_id: own for task_id, own in fields.items() if task_id not in done}
             if left:
-                self.store.update_many(left)
+                self.store.update_many(left, term=term)
             return done
 
         done = await asyncio.to_thread(write)

@@ -32,7 +32,9 @@ from broker.units import Seconds, SizeMB
 
 # A runner's environment: this allow-list, never the server's own (database URLs, tokens).
 SYSTEM_PATH = "/usr/local/bin:/usr/bin:/bin"
-_PASSED = ("LANG", "LC_ALL", "TZ")
+# The trust store's overrides pass too: a runner reports to the server's public URL, which a
+# site may serve with its own CA's certificate (nginx in front, deploy/nginx/klique.conf).
+_PASSED = ("LANG", "LC_ALL", "TZ", "SSL_CERT_FILE", "SSL_CERT_DIR")
 _KILL_GRACE_S = 10.0
 # An exit file while the runner's process still lives is believed for this long: a real runner
 # exits right after writing it. Past this, it is a false report and the task keeps running.
@@ -41,19 +43,43 @@ _NOT_STARTED = (126, 127)  # runuser's and sh's exit when the interpreter cannot
 
 
 class HostSettings(PoolSettings):
+    """This machine: tasks run as processes in fixed slots (docs/host-pools.md)."""
+
     kind: Literal["host"]
-    slots: int = Field(1, ge=1)  # tasks at once
-    gpus: int = Field(0, ge=0)  # GPUs on the host, ids 0..gpus-1
-    # The host's ids of the pool's GPUs, when pools split one host's GPUs between them.
+    """Says the pool is this machine."""
+    slots: int = Field(1, ge=1)
+    """Tasks at once."""
+    gpus: int = Field(0, ge=0)
+    """GPUs on the host that the pool hands out, ids 0..gpus-1 (or those of `gpu_ids`)."""
     gpu_ids: list[int] | None = Field(None, min_length=1, max_length=1024)
-    gpu_memory: SizeMB = 0  # memory of one GPU, for memory-sized requests
+    """The host's ids of the pool's GPUs, as nvidia-smi -L numbers them, when pools split one
+    host's GPUs between them."""
+    gpu_memory: SizeMB = 0
+    """The memory of one GPU, for requests sized by GPU memory."""
     # docker: each task's runner runs in its image, in a container (broker/pools/host_docker.py)
     mode: Literal["venv", "docker"] = "venv"
+    """`venv`: each task's runner is a process of its account; `docker`: it runs in the task's
+    image, in a container capped at its compute resource's cpus and memory."""
     runtime: Literal["podman", "docker"] = "podman"
-    run_args: list[str] = []  # docker mode: limits added to `run`, e.g. --ulimit=nofile=1024:1024
-    gpu_device: str = "nvidia.com/gpu"  # docker mode, podman: the GPUs' CDI device kind
-    stop_grace: Seconds = 10  # docker mode: from SIGTERM to SIGKILL when a task is stopped
-    image: str | None = None  # docker mode: the image of tasks that name none
+    """Docker mode: the container runtime the server runs."""
+    run_args: list[str] = []
+    """Docker mode: options added to `run`, each `--OPTION=VALUE` (ulimit, runtime, network,
+    pids-limit, shm-size); cpus and memory come from each task's profile."""
+    gpu_device: str = "nvidia.com/gpu"
+    """Docker mode with podman: the GPUs' CDI device kind."""
+    stop_grace: Seconds = 10
+    """Docker mode: from SIGTERM to SIGKILL when a task's container is stopped."""
+    image: str | None = None
+    """Docker mode: the image of tasks that name none (a registry reference)."""
+    rootless: bool | None = None
+    """Docker mode with podman: whether podman runs rootless (then `--userns=keep-id`); unset:
+    as `podman info` says."""
+    selinux_relabel: bool | None = None
+    """Docker mode: relabel the bind mounts for SELinux (`:Z`, `:z`); unset: where
+    /sys/fs/selinux/enforce says SELinux enforces."""
+    reap_after: Seconds = 300
+    """Docker mode: a container of this pool whose task has ended, or that Klique does not
+    know, is removed once seen so for this long."""
 
     @model_validator(mode="before")
     @classmethod
@@ -76,11 +102,13 @@ class HostSettings(PoolSettings):
 
     @model_validator(mode="after")
     def _container_settings(self) -> HostSettings:
+        docker_only = {"runtime", "rootless", "selinux_relabel", "reap_after"}
         if self.mode == "venv" and (
-            self.run_args or self.image or "runtime" in self.model_fields_set
+            self.run_args or self.image or docker_only & self.model_fields_set
         ):
             raise ValueError(
-                "runtime, run_args and image apply in docker mode only; fix: set mode: docker"
+                "runtime, run_args, image, rootless, selinux_relabel and reap_after apply in "
+                "docker mode only; fix: set mode: docker"
             )
         if self.mode == "docker" and self.container_runtime:
             raise ValueError(

@@ -1,16 +1,23 @@
 """Docker mode of a host pool (`mode: docker`): each task's runner runs inside the task's image,
 in a container that podman (or Docker) starts with the uid and gid of the task's mapped account.
 
-The container's argv is built here without I/O (`run_argv`), from validated values only: the
+The container's argv is built without I/O (broker/pools/docker_argv.py), from validated values: the
 checked image reference, numbers, the job folder Klique chose and the pool's checked
 `run_args`. The container gets two mounts, the runner zipapp (read-only) and the attempt's
 folder, which holds the job folder (both at their own paths, so task.json's paths hold inside).
 The server makes the attempt's folder, fresh, in the sticky job root; run as root it is root's
 (see `make_mount_folder`), so the account cannot swap the path podman resolves as root for a
 link elsewhere: what the account does inside it is resolved inside the container. It also gets
-`--security-opt no-new-privileges`, every capability dropped, `--rm`, a name (the attempt's
-folder's: the task's tag, attempt and a random part) and labels with the task id and the pool,
-by which a restarted server finds it again.
+`--security-opt no-new-privileges`, every capability dropped, a name (the attempt's folder's:
+the task's tag, attempt and a random part) and labels with the task id, the pool and the
+installation, by which a restarted server finds it again and the reaper knows it for its own.
+
+Limits: `--cpus` and `--memory` (`docker_args.container_limits`: the profile's, a GPU share held
+to its part of the host), no swap past the memory. Rootless podman adds `--userns=keep-id`;
+where SELinux enforces, the mounts are relabelled (`:Z` private for the attempt's folder, `:z`
+shared for the runner every container mounts). A container is not started with `--rm`: once
+its task has ended the driver reads `State.OOMKilled` (an end at the memory cap reads "out of
+memory"), then removes it; the reaper removes those whose task ended while no driver watched.
 
 Podman and Docker agree on every option used here (docs.podman.io podman-run(1), Docker's
 `docker run` reference) but two: GPUs (podman names CDI devices, `--device nvidia.com/gpu=N`;
@@ -22,15 +29,16 @@ A container sees only the GPUs it was given, numbered from 0, so the runner is t
 from __future__ import annotations
 
 import asyncio
+import functools
 import grp
 import json
+import logging
 import os
 import pwd
 import shutil
 import stat
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from broker.domain import Pool, Task, TaskState
@@ -38,14 +46,36 @@ from broker.errors import KliqueError, NotPermitted, SubmitError, SubmitUnknown
 from broker.execution import Observation, Submission
 from broker.pools import kube_pod
 from broker.pools.base import Context, PoolDriver
-from broker.pools.docker_args import check_image
+from broker.pools.docker_args import (
+    SELINUX_ENFORCE,
+    Limits,
+    Reaper,
+    check_image,
+    container_limits,
+    rootless_answer,
+    task_label,
+)
+from broker.pools.docker_argv import (
+    ContainerRun,
+    container_name,
+    inspect_argv,
+    list_argv,
+    mount_folder,
+    owned_argv,
+    parse_owned,
+    run_argv,
+    stop_argv,
+)
 from broker.pools.host import SYSTEM_PATH, HostDriver, HostSettings
+from broker.pools.kubernetes import installation_id
 from broker.pools.settings import settings_as
+from inside_job.oom import OOM_REASON
 
-RUNNER_PATH = f"{kube_pod.RUNNER_MOUNT}/{kube_pod.RUNNER_FILE}"
-LABEL_TASK = kube_pod.LABEL_TASK
-LABEL_POOL = kube_pod.LABEL_POOL
 _COMMAND_TIMEOUT_S = 120.0
+REAP_EVERY_S = 30.0  # the reaper's sweep: at most this often, and never more than reap_after
+OUT_OF_MEMORY = "out of memory"
+
+log = logging.getLogger("klique.pools")
 
 JOB_FOLDER = "job"  # the job folder, inside the attempt's folder that the container mounts
 
@@ -54,63 +84,16 @@ class CommandTimeout(KliqueError):
     """A runtime command that did not answer in time: what it did is unknown."""
 
 
-@dataclass(frozen=True)
-class ContainerRun:
-    """Everything a task's container is started from: validated values only."""
-
-    runtime: str  # "podman" or "docker"
-    binary: str
-    name: str
-    task_id: int
-    pool: str
-    image: str
-    python: str  # the image's interpreter
-    job_dir: str
-    runner: str  # the runner zipapp on the host
-    uid: int
-    gid: int
-    walltime_s: int
-    gpu_ids: tuple[int, ...] = ()
-    gpu_kind: str = "nvidia.com/gpu"
-    run_args: tuple[str, ...] = ()
-
-
-def run_argv(run: ContainerRun) -> list[str]:
-    """`podman run` (or `docker run`) for one task, detached: it returns once started."""
-    if run.uid == 0 or run.gid == 0:
-        raise NotPermitted(f"task {run.task_id}: Klique never runs a container as root")
-    argv = [run.binary, "run", "--detach", "--rm", "--pull=never", f"--name={run.name}"]
-    argv += [f"--label={LABEL_TASK}={run.task_id}", f"--label={LABEL_POOL}={run.pool}"]
-    argv += [f"--user={run.uid}:{run.gid}", "--security-opt=no-new-privileges", "--cap-drop=all"]
-    mount = mount_folder(run.job_dir)
-    argv += [f"--volume={run.runner}:{RUNNER_PATH}:ro", f"--volume={mount}:{mount}"]
-    argv += [f"--workdir={run.job_dir}", f"--env=HOME={run.job_dir}", "--env=PYTHONUNBUFFERED=1"]
-    argv += gpu_args(run.runtime, run.gpu_kind, run.gpu_ids)
-    if run.runtime == "podman":
-        argv.append(f"--timeout={run.walltime_s}")
-    argv += [*run.run_args, run.image, run.python, RUNNER_PATH, run.job_dir]
-    return argv
-
-
-def gpu_args(runtime: str, kind: str, gpu_ids: Sequence[int]) -> list[str]:
-    """The GPUs placement gave the task, as the runtime names them."""
-    if not gpu_ids:
-        return []
-    if runtime == "podman":
-        return [f"--device={kind}={n}" for n in gpu_ids]
-    # Docker reads --gpus as CSV: a list of devices is quoted inside the value.
-    return ["--gpus", '"device=' + ",".join(str(n) for n in gpu_ids) + '"']
-
-
-def list_argv(binary: str, pool: str) -> list[str]:
-    """The names of this pool's running containers, one a line."""
-    label = f"--filter=label={LABEL_POOL}={pool}"
-    return [binary, "ps", label, "--filter=status=running", "--format={{.Names}}"]
-
-
-def stop_argv(binary: str, name: str, grace_s: int) -> list[str]:
-    """SIGTERM (the runner forwards it to the task), SIGKILL after grace_s seconds."""
-    return [binary, "stop", f"--time={grace_s}", name]
+def out_of_memory(limits: Limits | None, exit_code: int | None) -> Observation:
+    """A task whose container met its memory cap: its state reason says so, and the fix."""
+    cap = f" of {limits.memory_mb} MiB" if limits else ""
+    return Observation(
+        TaskState.FAILED,
+        f"{OUT_OF_MEMORY}: the task passed its container's memory cap{cap} (its compute "
+        "resource's memory) and the kernel killed it; fix: ask for a compute resource with "
+        "more memory, or use less",
+        exit_code if exit_code is not None else 137,
+    )
 
 
 def image_of(task: Task, default: str | None = None) -> str:
@@ -128,16 +111,6 @@ def image_of(task: Task, default: str | None = None) -> str:
         return check_image(task.spec.image, where)
     except ValueError as exc:
         raise SubmitError(str(exc)) from exc
-
-
-def container_name(task: Task) -> str:
-    """The attempt's folder's name (klique-<task>-<attempt>-<random>): the attempt's own."""
-    return mount_folder(str(task.job_dir)).rsplit("/", 1)[-1]
-
-
-def mount_folder(job_dir: str) -> str:
-    """The folder a task's container mounts: the one that holds its job folder."""
-    return job_dir.rstrip("/").rsplit("/", 1)[0]
 
 
 def make_mount_folder(path: str, gid: int) -> None:
@@ -198,6 +171,10 @@ class DockerHostDriver(HostDriver):
         self.gpu_kind = settings.gpu_device
         self.run_args = tuple(settings.run_args)
         self.containers: set[str] = set()  # this pool's running containers, as last listed
+        self.rootless = bool(settings.rootless)  # asked of podman at check() where unset
+        self.relabel = bool(settings.selinux_relabel)  # read from selinuxfs where unset
+        self.reaper = Reaper(float(settings.reap_after))
+        self._swept_at = 0.0  # when the reaper last listed the pool's containers (monotonic)
         self._stopped: set[int] = set()  # tasks stopped at their walltime by this driver
         # When this driver asked for each task's container: podman's --timeout counts from the
         # container's start, later than this and earlier than the task's recorded times.
@@ -210,6 +187,8 @@ class DockerHostDriver(HostDriver):
                 f"pool {self.pool.name} runs tasks in containers with {self.runtime}, which is "
                 f"not installed on this host; fix: install it, or set the pool's mode to venv"
             )
+        else:
+            await self._detect_host()
         mode = os.stat(self.context.runner).st_mode
         if not mode & stat.S_IROTH:
             # The tasks' uids read it through its mount; it is no secret (every job folder on
@@ -217,6 +196,44 @@ class DockerHostDriver(HostDriver):
             os.chmod(self.context.runner, mode | stat.S_IROTH)
         self.problems = problems
         return problems
+
+    @functools.cached_property
+    def installation(self) -> str:
+        """The installation id in every container's labels: made once in the server's home
+        (as a Kubernetes pool's), on first use, so that a driver built to check an estate
+        writes nothing."""
+        return installation_id(self.context.home, None)
+
+    async def _detect_host(self) -> None:
+        """What the pool's settings leave unset: whether podman runs rootless (`podman info`),
+        and whether SELinux enforces (selinuxfs)."""
+        if self.settings.rootless is None and self.runtime == "podman":
+            argv = [self.binary, "info", "--format={{.Host.Security.Rootless}}"]
+            try:
+                code, out, _ = await self._command(argv)
+            except KliqueError as exc:  # podman that does not answer cannot start tasks either
+                code, out = 1, str(exc)
+            self.rootless = code == 0 and bool(rootless_answer(out))
+            if code != 0:
+                self.notes.append(
+                    f"pool {self.pool.name}: `podman info` did not say whether podman is "
+                    "rootless; taken as root podman (set the pool's `rootless` to say)"
+                )
+        if self.settings.selinux_relabel is None:
+            try:
+                with open(SELINUX_ENFORCE, encoding="ascii") as f:
+                    self.relabel = f.read().strip() == "1"
+            except OSError:  # no selinuxfs: SELinux is off
+                self.relabel = False
+
+    def limits(self, task: Task) -> Limits:
+        """The task's container caps, from its profile and this host's size."""
+        profile = self.context.estate.resources[task.resource].profile
+        pages = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        host_memory_mb = pages // 2**20
+        return container_limits(
+            profile, os.cpu_count() or 1, host_memory_mb, self.pool.gpus, self.pool.gpu_memory_mb
+        )
 
     async def python_problem(self, account: str) -> str | None:
         return None  # the image's interpreter: a container that cannot start it fails to start
@@ -278,6 +295,10 @@ class DockerHostDriver(HostDriver):
             gpu_ids=tuple(task.gpu_ids),
             gpu_kind=self.gpu_kind,
             run_args=self.run_args,
+            limits=self.limits(task),
+            keep_id=self.rootless,
+            relabel=self.relabel,
+            installation=self.installation,
         )
 
     async def submit(self, task: Task, report_token: str) -> Submission:
@@ -307,7 +328,35 @@ class DockerHostDriver(HostDriver):
     async def poll(self, tasks: Sequence[Task]) -> dict[int, Observation]:
         if any(t.job_dir for t in tasks):
             await self._list()
-        return await super().poll(tasks)
+        news = await super().poll(tasks)
+        await self._sweep([t.id for t in tasks])
+        return news
+
+    async def _sweep(self, followed: Sequence[int]) -> None:
+        """The reaper, on the agent's cycle (at most every REAP_EVERY_S): remove the containers
+        of this pool and installation whose task Klique no longer follows, once seen so for
+        reap_after (a task that has just started is followed, or too young to be taken)."""
+        now = time.monotonic()
+        if now - self._swept_at < min(REAP_EVERY_S, self.reaper.after_s):
+            return
+        self._swept_at = now
+        argv = owned_argv(self.runtime, self.binary, self.pool.name, self.installation)
+        try:
+            code, out, err = await self._command(argv)
+        except KliqueError as exc:  # the poll's news stand; the next sweep tries again
+            code, out, err = 1, "", str(exc)
+        if code != 0:
+            log.warning("pool %s: the reaper cannot list containers: %s", self.pool.name, err)
+            return
+        for name in self.reaper.due(parse_owned(out), followed, now):
+            log.info(
+                "pool %s: removing container %s: its task has ended or is not Klique's",
+                self.pool.name,
+                name,
+                extra={"pool": self.pool.name},
+            )
+            await self._command([self.binary, "rm", "--force", name])
+            self.containers.discard(name)
 
     async def _list(self) -> None:
         code, out, err = await self._command(list_argv(self.binary, self.pool.name))
@@ -335,6 +384,7 @@ class DockerHostDriver(HostDriver):
         seen = await super()._observe(task, files)
         if seen is not None and seen.state.final:
             self._launched.pop(task.id, None)
+            seen = await self._ended(task, seen)
         if seen is None or seen.state not in (TaskState.LOST, TaskState.FAILED):
             return seen
         stopped = task.id in self._stopped
@@ -350,12 +400,29 @@ class DockerHostDriver(HostDriver):
             f"its container ended without the runner writing {task.job_dir}/exit.json",
         )
 
+    async def _ended(self, task: Task, seen: Observation) -> Observation:
+        """The container of an ended task: read whether the OOM killer ended it (podman's
+        State.OOMKilled, or the runner's word that its task met the cgroup's cap), then
+        remove it. A task the driver stopped keeps its own end."""
+        name = str(task.native_id or container_name(task))
+        code, out, _ = await self._command(inspect_argv(self.binary, name))
+        killed, _, exit_code = out.strip().partition(" ")
+        await self._command([self.binary, "rm", "--force", name])
+        self.containers.discard(name)
+        if seen.state is TaskState.COMPLETED or task.id in self._stopped:
+            return seen
+        said_so = seen.reason.startswith(OOM_REASON)  # the runner read its cgroup
+        if (code == 0 and killed == "true") or said_so:
+            number = seen.exit_code if seen.exit_code is not None else task_label(exit_code)
+            return out_of_memory(self.limits(task), number)
+        return seen
+
     async def cancel(self, task: Task) -> None:
         name = task.native_id or (container_name(task) if task.job_dir else None)
         if not name:
             return
         await self._command(stop_argv(self.binary, str(name), self.grace_s))
-        # --rm removes a stopped container; this makes sure it is gone before cancel returns.
+        # Gone before cancel returns: nothing is left to read of a cancelled task's container.
         await self._command([self.binary, "rm", "--force", str(name)])
         self.containers.discard(str(name))
 

@@ -33,6 +33,10 @@ RUNNER_CONTAINER = "task"  # the container Klique runs the runner in
 RUNNER_MOUNT = "/opt/klique"  # the runner ConfigMap, read-only
 RUNNER_FILE = "klique-runner.pyz"
 TASK_FILE = "task.json"
+# Kubernetes' default terminationMessagePath: a file the kubelet bind-mounts, outside the job
+# folder, which the runner writes in place (inside_job/termination.py names it by this env).
+TERMINATION_LOG = "/dev/termination-log"
+TERMINATION_ENV = "KLIQUE_TERMINATION_LOG"
 LABEL_PREFIX = "klique.dev"
 LABEL_TASK = f"{LABEL_PREFIX}/task"
 LABEL_ATTEMPT = f"{LABEL_PREFIX}/attempt"
@@ -188,6 +192,18 @@ def memory_share_mb(
     return None
 
 
+# Pod Security "restricted" (kubernetes.io/docs/concepts/security/pod-security-standards/
+# #restricted): what every container of every pod carries, init containers and a template's
+# sidecars included; a template may add to it only where the pool allows privileged templates.
+RESTRICTED_CONTAINER: Mapping[str, Any] = {
+    "allowPrivilegeEscalation": False,
+    "runAsNonRoot": True,
+    "capabilities": {"drop": ["ALL"]},
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+_CONTAINER_LISTS = ("initContainers", "containers", "ephemeralContainers")
+
+
 def klique_fields(request: PodRequest, forms: GpuForms) -> dict[str, Any]:
     """The part of the pod Klique owns: merged last, so no template can change it."""
     check_request(request, forms)
@@ -202,7 +218,11 @@ def klique_fields(request: PodRequest, forms: GpuForms) -> dict[str, Any]:
             "restartPolicy": "Never",
             "activeDeadlineSeconds": request.walltime_s,
             "automountServiceAccountToken": False,
-            "securityContext": {"runAsNonRoot": True, "runAsUser": request.run_as_user},
+            "securityContext": {
+                "runAsNonRoot": True,
+                "runAsUser": request.run_as_user,
+                "seccompProfile": {"type": "RuntimeDefault"},
+            },
             "containers": [
                 {
                     "name": RUNNER_CONTAINER,
@@ -216,16 +236,17 @@ def klique_fields(request: PodRequest, forms: GpuForms) -> dict[str, Any]:
                     "env": [
                         {"name": "HOME", "value": request.job_dir},
                         {"name": "PYTHONUNBUFFERED", "value": "1"},
+                        {"name": TERMINATION_ENV, "value": TERMINATION_LOG},
                     ],
                     "resources": {"requests": dict(limits), "limits": limits},
-                    # The kubelet keeps the runner's exit.json as the container's termination
+                    # The kubelet keeps the runner's exit record, written in place to this file
+                    # (never renamed: it is a bind mount), as the container's termination
                     # message (up to 4096 bytes): the pod's own record of how the task ended.
-                    "terminationMessagePath": f"{request.job_dir}/exit.json",
+                    "terminationMessagePath": TERMINATION_LOG,
                     "terminationMessagePolicy": "File",
                     "securityContext": {
+                        **RESTRICTED_CONTAINER,
                         "privileged": False,
-                        "allowPrivilegeEscalation": False,
-                        "runAsNonRoot": True,
                         "runAsUser": request.run_as_user,
                     },
                     "volumeMounts": [
@@ -285,10 +306,20 @@ def render_pod(
     forms: GpuForms,
     base: Mapping[str, Any],
     overrides: Mapping[str, Any] | None = None,
+    allow_privileged: bool = False,
 ) -> dict[str, Any]:
-    """Base template, then the compute resource's overrides, then Klique's fields."""
+    """Base template, then the compute resource's overrides, then Klique's fields, then the
+    restricted security context on every container the templates did not set otherwise. A
+    template that adds privileges is refused (TemplateError) unless `allow_privileged`."""
     pod = merge(base, overrides or {})
-    pod = merge(pod, klique_fields(request, forms))
+    if not allow_privileged:
+        found = privileges(pod)
+        if found:
+            raise TemplateError(
+                f"the pod template adds privileges: {'; '.join(found)}; fix: remove them, or set "
+                "allow_privileged_templates: true on the pool"
+            )
+    pod = harden(merge(pod, klique_fields(request, forms)))
     _, cap = gpu_limits(request, forms)
     if cap is not None:
         container = next(c for c in pod["spec"]["containers"] if c["name"] == RUNNER_CONTAINER)
@@ -300,3 +331,92 @@ def render_pod(
 
 def memory_cap_mb(request: PodRequest, forms: GpuForms) -> int | None:
     return gpu_limits(request, forms)[1]
+
+
+def harden(pod: dict[str, Any]) -> dict[str, Any]:
+    """Every container gets the restricted security context under what its template set (a
+    sidecar or init container of a site's template included), and the pod RuntimeDefault
+    seccomp: a template's own settings win, and `privileges` judged those already."""
+    spec = pod.setdefault("spec", {})
+    spec["securityContext"] = merge(
+        {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
+        spec.get("securityContext") or {},
+    )
+    for field in _CONTAINER_LISTS:
+        for container in spec.get(field) or []:
+            container["securityContext"] = merge(
+                RESTRICTED_CONTAINER, container.get("securityContext") or {}
+            )
+    return pod
+
+
+# Fields of a pod template that give a pod more than Pod Security "restricted" allows, or a
+# credential of the cluster: (field, test of its value, what it does).
+_POD_PRIVILEGES: tuple[tuple[str, Any, str], ...] = (
+    ("hostNetwork", lambda v: v is True, "shares the node's network"),
+    ("hostPID", lambda v: v is True, "sees the node's processes"),
+    ("hostIPC", lambda v: v is True, "shares the node's IPC"),
+    ("automountServiceAccountToken", lambda v: v is True, "mounts a service account token"),
+    ("serviceAccountName", lambda v: bool(v), "runs as a service account"),
+    ("serviceAccount", lambda v: bool(v), "runs as a service account"),
+    ("securityContext.runAsNonRoot", lambda v: v is False, "may run as root"),
+    ("securityContext.runAsUser", lambda v: v == 0, "runs as root"),
+    ("securityContext.seccompProfile.type", lambda v: v == "Unconfined", "turns seccomp off"),
+)
+_CONTAINER_PRIVILEGES: tuple[tuple[str, Any, str], ...] = (
+    ("securityContext.privileged", lambda v: v is True, "is privileged"),
+    ("securityContext.allowPrivilegeEscalation", lambda v: v is True, "may gain privileges"),
+    (
+        "securityContext.capabilities.add",
+        lambda v: bool(set(v or ()) - {"NET_BIND_SERVICE"}),
+        "adds capabilities",
+    ),
+    ("securityContext.runAsNonRoot", lambda v: v is False, "may run as root"),
+    ("securityContext.runAsUser", lambda v: v == 0, "runs as root"),
+    ("securityContext.seccompProfile.type", lambda v: v == "Unconfined", "turns seccomp off"),
+    ("securityContext.procMount", lambda v: v == "Unmasked", "unmasks /proc"),
+)
+
+
+def privileges(template: Mapping[str, Any]) -> list[str]:
+    """What a pod template adds beyond Pod Security "restricted" and Klique's own fields, each
+    as `field path (what it does)`: host namespaces, hostPath volumes, host ports, privileged
+    or escalating containers, added capabilities, root, unconfined seccomp, a service account
+    token. Empty for a template that adds none."""
+    spec = template.get("spec") or {}
+    found = [
+        f"spec.{path} = {value!r} ({words})"
+        for path, bad, words in _POD_PRIVILEGES
+        if (value := _at(spec, path)) is not None and bad(value)
+    ]
+    for n, volume in enumerate(spec.get("volumes") or []):
+        where = f"spec.volumes[{n}]"
+        if isinstance(volume, Mapping) and volume.get("hostPath") is not None:
+            found.append(f"{where}.hostPath (mounts the node's files)")
+        sources = ((volume or {}).get("projected") or {}).get("sources") or []
+        if any(isinstance(s, Mapping) and "serviceAccountToken" in s for s in sources):
+            found.append(f"{where}.projected.sources.serviceAccountToken (a token of the cluster)")
+    for field in _CONTAINER_LISTS:
+        for n, container in enumerate(spec.get(field) or []):
+            if not isinstance(container, Mapping):
+                continue
+            where = f"spec.{field}[{n}]"
+            found += [
+                f"{where}.{path} = {value!r} ({words})"
+                for path, bad, words in _CONTAINER_PRIVILEGES
+                if (value := _at(container, path)) is not None and bad(value)
+            ]
+            found += [
+                f"{where}.ports[{i}].hostPort (listens on the node)"
+                for i, port in enumerate(container.get("ports") or [])
+                if isinstance(port, Mapping) and port.get("hostPort")
+            ]
+    return found
+
+
+def _at(obj: Any, path: str) -> Any:
+    for key in path.split("."):
+        if not isinstance(obj, Mapping):
+            return None
+        obj = obj.get(key)
+    return obj

@@ -126,10 +126,17 @@ _OPTION_REFUSED = re.compile(r"illegal option|invalid option|unknown option|^Usa
 # bsub reads '#BSUB' lines only from a script on its standard input (or with
 # LSB_BSUB_PARSE_SCRIPT=Y); the script's path reaches the shell as data, never as text.
 class LsfSettings(BatchSettings):
+    """An LSF queue (docs/pbs-lsf-sites.md)."""
+
     kind: Literal["lsf"]
-    queue: str | None = None  # -q
-    account: str | None = None  # -P (the LSF project)
-    bjobs_json: bool = True  # LSF before 10.1 Fix Pack 2 has no `bjobs -json`: set false
+    """Says the pool is an LSF queue."""
+    queue: str | None = None
+    """The queue jobs go to (`-q`; unset: the cluster's default)."""
+    account: str | None = None
+    """The LSF project jobs are charged to (`-P`)."""
+    bjobs_json: bool = True
+    """Read status with `bjobs -json`; set false for LSF before 10.1 Fix Pack 2, which has
+    none."""
 
 
 POOL_KIND = PoolKindSpec(

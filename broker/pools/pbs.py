@@ -65,10 +65,17 @@ _WALLTIME_NOTE = re.compile(r"^=>> PBS: job killed: walltime \d+ exceeded limit 
 
 
 class PbsSettings(BatchSettings):
+    """A PBS Professional or Torque queue (docs/pbs-lsf-sites.md)."""
+
     kind: Literal["pbs"]
+    """Says the pool is a PBS queue (`dialect` says which PBS)."""
     dialect: Literal["pbspro", "torque"] = "pbspro"
-    queue: str | None = None  # -q
-    account: str | None = None  # -A
+    """Which PBS: PBS Professional (OpenPBS) or Torque; their resource requests and
+    listings differ."""
+    queue: str | None = None
+    """The queue jobs go to (`-q`; unset: the server's default)."""
+    account: str | None = None
+    """The account jobs are charged to (`-A`)."""
 
 
 POOL_KIND = PoolKindSpec(

@@ -145,24 +145,33 @@ _GPU_DIRECTIVE = {
 
 
 class SlurmSettings(BatchSettings):
+    """A Slurm partition (docs/slurm-sites.md)."""
+
     kind: Literal["slurm"]
+    """Says the pool is a Slurm partition."""
     partition: str | None = None
-    account: str | None = None  # --account
-    qos: str | None = None  # --qos
-    # --gres=gpu:N and --gpus-per-node=N ask for the GPUs on the task's node; --gpus=N is
-    # job-wide (sbatch(1)): kept for sites that count GPUs only that way.
+    """The partition jobs go to (`--partition`; unset: the cluster's default)."""
+    account: str | None = None
+    """The Slurm account jobs are charged to (`--account`)."""
+    qos: str | None = None
+    """The quality of service of the jobs (`--qos`)."""
     gpu_flag: Literal["gres", "gpus-per-node", "gpus"] = "gres"
-    # Who runs a job again after a node failure or a preemption (sbatch(1) --requeue,
-    # --no-requeue; slurm.conf(5) JobRequeue): Slurm, Klique (requeue_preempted, and NODE_FAIL
-    # sent back to Klique's queue), or nobody.
+    """How GPUs are asked for: `--gres=gpu:N` and `--gpus-per-node=N` ask for the GPUs on the
+    task's node; `--gpus=N` is job-wide (sbatch(1)), kept for sites that count GPUs only that
+    way."""
     requeue: Literal["slurm", "klique", "none"] = "slurm"
-    # A job Slurm requeued and held after its launch failed ("launch failed requeued held"):
-    # released in place, or withdrawn (cancelled; the task goes again from Klique's queue).
+    """Who runs a job again after a node failure or a preemption (sbatch(1) --requeue,
+    --no-requeue; slurm.conf(5) JobRequeue): Slurm, Klique (requeue_preempted, and NODE_FAIL
+    sent back to Klique's queue), or nobody."""
     requeued_held: Literal["release", "withdraw"] = "release"
-    accounting: Literal["none", "slurmdbd", "jobcomp"] = "none"  # where sacct reads from
-    # An account Slurm shows every user's jobs to (an operator or administrator in sacctmgr, or
-    # SlurmUser): with PrivateData=jobs, status is then one query as it instead of one per account.
+    """A job Slurm requeued and held after its launch failed ("launch failed requeued held"):
+    released in place, or withdrawn (cancelled; the task goes again from Klique's queue)."""
+    accounting: Literal["none", "slurmdbd", "jobcomp"] = "none"
+    """Where sacct reads finished jobs from (`none`: the exit file alone decides)."""
     status_account: str | None = None
+    """An account Slurm shows every user's jobs to (an operator or administrator in sacctmgr,
+    or SlurmUser): with PrivateData=jobs, status is then one query as it instead of one per
+    account."""
     PYXIS = True  # container_runtime: pyxis starts the runner in srun --container-image
 
     @model_validator(mode="before")

@@ -2,10 +2,10 @@
 so that a placement cycle or a pool's look reads only those instead of every queued or held
 task.
 
-The server is the only writer of its store (remote agents report through its API), and every
-write goes through `Store.write`: a session hook notes the task rows each transaction flushes,
-and the ids count once the transaction commits. The scheduler still reloads everything now and
-then, in case something else wrote to the database."""
+Every write of this process goes through `Store.write`: a session hook notes the task rows each
+transaction flushes, and the ids count once the transaction commits. Other replicas' writes
+arrive through broker/store/notify.py (PostgreSQL). The scheduler still reloads everything now
+and then, in case something else wrote to the database."""
 
 from __future__ import annotations
 
@@ -44,6 +44,13 @@ class Changes:
             for reader in self._readers:
                 reader.note(ids)
 
+    def forget(self) -> None:
+        """Anything may have changed (writes another replica made were not heard): every
+        reader's next take says so, and its cache reads everything."""
+        with self._lock:
+            for reader in self._readers:
+                reader.forget()
+
 
 class ChangeReader:
     def __init__(self, lock: threading.Lock) -> None:
@@ -56,6 +63,10 @@ class ChangeReader:
             self._ids.update(ids)
             if len(self._ids) > _MOST:
                 self._ids = None
+
+    def forget(self) -> None:
+        """Called by Changes.forget, under the lock."""
+        self._ids = None
 
     def take(self) -> set[int] | None:
         """The ids changed since the last take; None when unknown (read everything)."""

@@ -19,7 +19,9 @@ from broker.domain import Task, TaskSpec, TaskState, transition
 from broker.errors import NotFound
 from broker.store.changes import TOUCHED, Changes, track
 from broker.store.engine import WRITER, make_engine, normalise_url
+from broker.store.leases import check_term
 from broker.store.migrate import upgrade
+from broker.store.notify import announce, announces
 from broker.store.records import RecordMethods
 from broker.store.rows import (
     event_of,
@@ -27,6 +29,7 @@ from broker.store.rows import (
     scalar_of,
     set_fields,
     skipped,
+    tag_like,
     task_of,
     task_values,
 )
@@ -85,6 +88,9 @@ class Store(RecordMethods):
             threading.RLock() if self.url.startswith("sqlite") else nullcontext()
         )
         self.changes = Changes()  # the tasks written since the scheduler last looked
+        # On PostgreSQL other replicas write too: each write says which tasks it changed, to
+        # every replica's listener (broker/store/notify.py), in its own transaction.
+        self.announces = announces(self.url)
         track(self._writes)
 
     @classmethod
@@ -98,11 +104,17 @@ class Store(RecordMethods):
         self.engine.dispose()
 
     @contextmanager
-    def write(self) -> Iterator[Session]:
-        """A transaction that writes: committed at the end of the block, rolled back on error."""
+    def write(self, term: int | None = None) -> Iterator[Session]:
+        """A transaction that writes: committed at the end of the block, rolled back on error.
+        With `term`, a leader's write that acts on the estate (placements, submissions): refused
+        with Fenced, nothing written, unless the scheduler's lease still has that term."""
         with self._writer:
             with self._writes.begin() as session:
+                if term is not None:
+                    check_term(session, term)
                 yield session
+                if self.announces:
+                    announce(session)
             self.changes.add(session.info.pop(TOUCHED, ()))  # committed
 
     # Tasks
@@ -222,10 +234,19 @@ class Store(RecordMethods):
                 "states": {state: n for state, n in states},
             }
 
+    def counts(self) -> list[tuple[str, str | None, int, float | None]]:
+        """How many tasks each (state, pool) holds, and when the longest-waiting of them first
+        queued, from one grouped query: what /metrics reads at every scrape (broker/metrics.py)."""
+        query = select(
+            TaskRow.state, TaskRow.pool, func.count(), func.min(TaskRow.queued_at)
+        ).group_by(TaskRow.state, TaskRow.pool)
+        with self.read() as session:
+            return [(state, pool, n, oldest) for state, pool, n, oldest in session.execute(query)]
+
     def get(self, task_id: int) -> Task:
         with self.read() as session:
             row = session.get(TaskRow, task_id)
-            if row is None:
+            if row is None or row.deleted_at is not None:
                 raise NotFound(f"no task {task_id}; `klique ls` lists your tasks")
             return task_of(row)
 
@@ -242,10 +263,15 @@ class Store(RecordMethods):
         sweep: int | None = None,
         ids: Collection[int] | None = None,
         project: str | None = None,
+        tag: str | None = None,
+        archived: bool | None = None,
+        team: str | None = None,
     ) -> list[Task]:
         """Tasks in id order (newest first if asked), from `before` down when paging; listings
-        pass with_diff=False so that no stored diff is loaded. `ids`: only these."""
-        query = select(TaskRow)
+        pass with_diff=False so that no stored diff is loaded. `ids`: only these. `tag`: those
+        with this tag; `archived`: only archived ones (True) or none of them (False); `team`:
+        those of this team."""
+        query = select(TaskRow).where(TaskRow.deleted_at.is_(None))
         if ids is not None:
             query = query.where(TaskRow.id.in_(list(ids)))
         if before is not None:
@@ -260,6 +286,13 @@ class Store(RecordMethods):
             query = query.where(TaskRow.project == project)
         if sweep is not None:
             query = query.where(TaskRow.sweep_id == sweep)
+        if tag is not None:
+            query = query.where(TaskRow.tags.like(tag_like(tag), escape="\\"))
+        if archived is not None:
+            is_archived = TaskRow.archived_at.is_not(None)
+            query = query.where(is_archived if archived else TaskRow.archived_at.is_(None))
+        if team is not None:
+            query = query.where(TaskRow.team == team)
         query = query.order_by(TaskRow.id.desc() if newest_first else TaskRow.id)
         if limit is not None:
             query = query.limit(limit)
@@ -298,13 +331,15 @@ class Store(RecordMethods):
         reason: str,
         only_from: Sequence[TaskState],
         fields: Mapping[int, dict[str, Any]] | None = None,
+        *,
+        term: int | None = None,
     ) -> list[Task]:
         """change_state for many tasks in one transaction (a cycle's placements, cancelling a
         sweep's queued tasks), with each task's own `fields`; returns those that were in
-        `only_from` and changed."""
+        `only_from` and changed. `term`: a leader's write, fenced (see `write`)."""
         now = time.time()
         changed: list[Task] = []
-        with self.write() as session:
+        with self.write(term) as session:
             query = select(TaskRow).where(TaskRow.id.in_(list(task_ids))).with_for_update()
             rows = list(session.scalars(query))
             runs = _open_runs(session, [row.id for row in rows])
@@ -410,14 +445,19 @@ class Store(RecordMethods):
         return changed[0]
 
     def update_many(
-        self, fields: Mapping[int, dict[str, Any]], only_in: Sequence[TaskState] | None = None
+        self,
+        fields: Mapping[int, dict[str, Any]],
+        only_in: Sequence[TaskState] | None = None,
+        *,
+        term: int | None = None,
     ) -> list[Task]:
         """update for many tasks in one transaction (a batch's attempts), each with its own
-        fields; with `only_in`, only the tasks in one of those states. Returns those changed."""
+        fields; with `only_in`, only the tasks in one of those states. Returns those changed.
+        `term`: a leader's write, fenced (see `write`)."""
         now = time.time()
         states = None if only_in is None else {s.value for s in only_in}
         changed: list[Task] = []
-        with self.write() as session:
+        with self.write(term) as session:
             query = select(TaskRow).where(TaskRow.id.in_(list(fields))).with_for_update()
             for row in session.scalars(query):
                 if states is None or row.state in states:
@@ -490,6 +530,7 @@ class Store(RecordMethods):
                     ScalarRow(
                         task_id=task_id,
                         name=str(s["name"]),
+                        series=str(s.get("series") or ""),
                         value=float(s["value"]),
                         step=s.get("step"),
                         time=float(s.get("time") or time.time()),

@@ -31,7 +31,7 @@ from broker.store.tables import (
 ARTIFACT_FIELDS = ("name", "kind", "filename", "digest", "size", "created_at")
 
 # Task columns that hold JSON: sorted lists, and any other value.
-_JSON_LISTS = {"skip_pools", "gpu_ids"}
+_JSON_LISTS = {"skip_pools", "gpu_ids", "tags"}
 _JSON_VALUES = {"parameters", "packages", "inputs"}
 
 
@@ -127,6 +127,8 @@ def task_of(row: TaskRow, with_diff: bool = True) -> Task:
         packages=tuple(json.loads(row.packages or "[]")),
         inputs=tuple((int(i[0]), str(i[1])) for i in json.loads(row.inputs or "[]")),
         cache_key=row.cache_key,
+        tags=tuple(json.loads(row.tags or "[]")),
+        archived_at=row.archived_at,
         intent=row.intent,
         sweep=row.sweep_id,
         created_at=row.created_at,
@@ -142,6 +144,13 @@ def spec_json(spec: TaskSpec) -> tuple[str, str]:
     data = spec_to_dict(spec)
     diff = data["code"].pop("diff", "") if data.get("code") else ""
     return json.dumps(data), diff
+
+
+def tag_like(tag: str) -> str:
+    """The LIKE pattern (escape character a backslash) of a tags column (a JSON list) that
+    holds `tag`: the tag quoted as JSON, so that `gpu` does not match `gpu-large`."""
+    quoted = json.dumps(tag).replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return f"%{quoted}%"
 
 
 def field_values(fields: dict[str, Any]) -> dict[str, Any]:
@@ -235,7 +244,13 @@ def event_of(row: TaskEventRow) -> dict[str, Any]:
 
 
 def scalar_of(row: ScalarRow) -> dict[str, Any]:
-    return {"name": row.name, "value": row.value, "step": row.step, "time": row.time}
+    return {
+        "name": row.name,
+        "series": row.series,
+        "value": row.value,
+        "step": row.step,
+        "time": row.time,
+    }
 
 
 def artifact_of(row: ArtifactRow) -> dict[str, Any]:

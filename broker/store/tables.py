@@ -8,6 +8,7 @@ from sqlalchemy import (
     Float,
     ForeignKey,
     Integer,
+    LargeBinary,
     String,
     Text,
     UniqueConstraint,
@@ -57,6 +58,11 @@ class TaskRow(Base):
     packages: Mapped[str] = mapped_column(Text, default="[]")
     inputs: Mapped[str] = mapped_column(Text, default="[]")
     cache_key: Mapped[str | None] = mapped_column(String(64), nullable=True, index=True)
+    # Its tags (JSON list, sorted), when it was archived, and when it was deleted: a deleted
+    # task's row is kept, emptied, for the usage ledger's rows (migration 0013_research_record).
+    tags: Mapped[str] = mapped_column(Text, default="[]", server_default="[]")
+    archived_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    deleted_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     # What the control plane asks the task's pool agent to do: cancel, or withdraw (spill over).
     intent: Mapped[str | None] = mapped_column(String(16), nullable=True)
     # The sweep that made it with others in one request (migration 0010_sweeps).
@@ -152,9 +158,30 @@ class ScalarRow(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     task_id: Mapped[int] = mapped_column(ForeignKey("tasks.id"), index=True)
     name: Mapped[str] = mapped_column(String(200))
+    series: Mapped[str] = mapped_column(String(200), default="")  # a line of chart `name`
     step: Mapped[int | None] = mapped_column(Integer, nullable=True)
     value: Mapped[float] = mapped_column(Float)
     time: Mapped[float] = mapped_column(Float)
+
+
+class ReportRow(Base):
+    """One report of a task beyond scalars: a table, an image, a plot, a histogram, a text, a
+    single value or a media file. `data` is its JSON; an image's or media file's bytes are
+    `content`, kept on the record (bounded per task: broker/bounds.py)."""
+
+    __tablename__ = "reports"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    task_id: Mapped[int] = mapped_column(ForeignKey("tasks.id"), index=True)
+    kind: Mapped[str] = mapped_column(String(16))
+    title: Mapped[str] = mapped_column(String(200))
+    series: Mapped[str] = mapped_column(String(200), default="")
+    iteration: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    time: Mapped[float] = mapped_column(Float)
+    data: Mapped[str] = mapped_column(Text, default="null")
+    content: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
+    content_type: Mapped[str] = mapped_column(String(100), default="")
+    size: Mapped[int] = mapped_column(Integer)  # data and content: the task's bytes bound
 
 
 class LedgerRow(Base):
@@ -184,7 +211,7 @@ class ArtifactRow(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     task_id: Mapped[int] = mapped_column(ForeignKey("tasks.id"), index=True)
     name: Mapped[str] = mapped_column(String(128))
-    kind: Mapped[str] = mapped_column(String(16))  # file | object (a pickle)
+    kind: Mapped[str] = mapped_column(String(16))  # file | folder (a zip) | object (a pickle)
     filename: Mapped[str] = mapped_column(String(255), default="")
     digest: Mapped[str] = mapped_column(String(64), index=True)  # SHA-256 of the content
     size: Mapped[int] = mapped_column(BigInteger)
@@ -212,3 +239,167 @@ class RouteRow(Base):
     apps: Mapped[str] = mapped_column(Text)  # JSON list
     created_by: Mapped[str] = mapped_column(String(64))
     created_at: Mapped[float] = mapped_column(Float)
+
+
+class LeaderLeaseRow(Base):
+    """Which replica runs the scheduler cycle and the in-server pool agents (broker/control/
+    lease.py): its id, its fencing term (one more at every take), and until when its lease
+    holds, on the database's clock."""
+
+    __tablename__ = "leader_lease"
+
+    name: Mapped[str] = mapped_column(String(32), primary_key=True)  # what is led: "scheduler"
+    holder: Mapped[str] = mapped_column(String(128))
+    term: Mapped[int] = mapped_column(BigInteger)
+    expires_at: Mapped[float] = mapped_column(Float)
+    renewed_at: Mapped[float] = mapped_column(Float)
+
+
+class ModelRow(Base):
+    """A registered model's name: whose it is (the owner and team of its first version's run)
+    and the last version number given, the counter a registration bumps under its row lock."""
+
+    __tablename__ = "models"
+
+    name: Mapped[str] = mapped_column(String(128), primary_key=True)
+    owner: Mapped[str] = mapped_column(String(64), index=True)
+    team: Mapped[str | None] = mapped_column(String(64), nullable=True, index=True)
+    project: Mapped[str] = mapped_column(String(200), default="default")
+    latest: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+class ModelVersionRow(Base):
+    """One version of a model: the run that made it, its files (JSON: path, digest, size; the
+    content is in the artifact store), what it is, the run's last scalars, and its stage."""
+
+    __tablename__ = "model_versions"
+    __table_args__ = (UniqueConstraint("name", "version"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(ForeignKey("models.name"), index=True)
+    version: Mapped[int] = mapped_column(Integer)
+    task_id: Mapped[int] = mapped_column(ForeignKey("tasks.id"), index=True)
+    kind: Mapped[str] = mapped_column(String(16))  # file | folder
+    framework: Mapped[str] = mapped_column(String(64), default="")
+    files: Mapped[str] = mapped_column(Text, default="[]")
+    details: Mapped[str] = mapped_column(Text, default="{}")  # the user's metadata (JSON)
+    tags: Mapped[str] = mapped_column(Text, default="[]")
+    metrics: Mapped[str] = mapped_column(Text, default="{}")
+    stage: Mapped[str] = mapped_column(String(16), default="none", index=True)
+    stage_by: Mapped[str] = mapped_column(String(64), default="")
+    stage_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+class PoolReportRow(Base):
+    """What a pool's `klique agent` last published, for every replica (the agent may report to
+    any): the pool's state and unknown jobs as JSON, and when it reported."""
+
+    __tablename__ = "pool_reports"
+
+    pool: Mapped[str] = mapped_column(String(64), primary_key=True)
+    state: Mapped[str] = mapped_column(Text)  # PoolState as JSON (broker/agents/wire.py)
+    strangers: Mapped[str] = mapped_column(Text)  # JSON list of native ids
+    seen: Mapped[float] = mapped_column(Float)
+
+
+class DatasetRow(Base):
+    """A dataset's name: whose it is (the owner and team of whoever made its first version)
+    and the last version number given, the counter a new version bumps under its row lock."""
+
+    __tablename__ = "datasets"
+
+    name: Mapped[str] = mapped_column(String(128), primary_key=True)
+    owner: Mapped[str] = mapped_column(String(64), index=True)
+    team: Mapped[str | None] = mapped_column(String(64), nullable=True, index=True)
+    project: Mapped[str] = mapped_column(String(200), default="default")
+    latest: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+class DatasetVersionRow(Base):
+    """One immutable version of a dataset: its manifest (JSON: path -> digest, size; the bytes
+    are blobs), its parent version, and who made it (a user, or a run as its owner)."""
+
+    __tablename__ = "dataset_versions"
+    __table_args__ = (UniqueConstraint("name", "version"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(ForeignKey("datasets.name"), index=True)
+    version: Mapped[int] = mapped_column(Integer)
+    parent: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    manifest: Mapped[str] = mapped_column(Text)
+    files: Mapped[int] = mapped_column(Integer)
+    size: Mapped[int] = mapped_column(BigInteger)  # all its files
+    new_size: Mapped[int] = mapped_column(BigInteger)  # its files' content its parent lacks
+    created_by: Mapped[str] = mapped_column(String(64))
+    task_id: Mapped[int | None] = mapped_column(Integer, nullable=True, index=True)
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+class DatasetBlobRow(Base):
+    """A blob a dataset keeper (`team:NAME` or `user:NAME`) has sent: a version may name only
+    its keeper's blobs, so knowing a digest never reads another team's content."""
+
+    __tablename__ = "dataset_blobs"
+
+    digest: Mapped[str] = mapped_column(String(64), primary_key=True)
+    keeper: Mapped[str] = mapped_column(String(80), primary_key=True)
+    size: Mapped[int] = mapped_column(BigInteger)
+    created_at: Mapped[float] = mapped_column(Float)
+    task_id: Mapped[int | None] = mapped_column(Integer, nullable=True, index=True)  # a job's
+
+
+class DatasetReadRow(Base):
+    """A dataset version a task read (its job fetched the version's manifest): the task's
+    record lists them."""
+
+    __tablename__ = "dataset_reads"
+    __table_args__ = (UniqueConstraint("task_id", "name", "version"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    task_id: Mapped[int] = mapped_column(ForeignKey("tasks.id"), index=True)
+    name: Mapped[str] = mapped_column(String(128))
+    version: Mapped[int] = mapped_column(Integer)
+    time: Mapped[float] = mapped_column(Float)
+
+
+class TuningRow(Base):
+    """A tuning: a search over a base task's parameters (broker/tasks/tuning.py), its settings
+    as JSON (search space, objective, sampler, pruner, budget) and the best trial so far."""
+
+    __tablename__ = "tunings"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    owner: Mapped[str] = mapped_column(String(64), index=True)
+    team: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    name: Mapped[str] = mapped_column(String(200), default="")
+    base_task_id: Mapped[int] = mapped_column(ForeignKey("tasks.id"), index=True)
+    resource: Mapped[str] = mapped_column(String(64))
+    settings: Mapped[str] = mapped_column(Text)
+    # running, stopping (its owner stopped it), completed, stopped, failed
+    state: Mapped[str] = mapped_column(String(16), index=True)
+    reason: Mapped[str] = mapped_column(Text, default="")
+    best: Mapped[str] = mapped_column(Text, default="")  # JSON: number, value, params, model
+    created_at: Mapped[float] = mapped_column(Float)
+    ended_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class TuningTrialRow(Base):
+    """One trial of a tuning: the parameters sampled, the task that ran them, the outcome."""
+
+    __tablename__ = "tuning_trials"
+    __table_args__ = (UniqueConstraint("tuning_id", "number"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    tuning_id: Mapped[int] = mapped_column(ForeignKey("tunings.id"), index=True)
+    number: Mapped[int] = mapped_column(Integer)
+    task_id: Mapped[int | None] = mapped_column(Integer, nullable=True, index=True)
+    params: Mapped[str] = mapped_column(Text)
+    state: Mapped[str] = mapped_column(String(16))  # running, complete, pruned, failed
+    value: Mapped[float | None] = mapped_column(Float, nullable=True)
+    pruned_step: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    reason: Mapped[str] = mapped_column(Text, default="")
+    created_at: Mapped[float] = mapped_column(Float)
+    ended_at: Mapped[float | None] = mapped_column(Float, nullable=True)

@@ -12,7 +12,7 @@ from sqlalchemy import Select, func, select
 
 from broker.domain import Task, TaskState
 from broker.store.repository import Store
-from broker.store.rows import task_of
+from broker.store.rows import tag_like, task_of
 from broker.store.tables import ScalarRow, TaskRow
 
 # A search looks through at most this many of the newest tasks (under the other filters) per
@@ -28,10 +28,19 @@ class TaskFilter:
     states: tuple[TaskState, ...] = ()
     project: str | None = None
     search: str = ""
+    tag: str | None = None
+    team: str | None = None  # a team's tasks (the caller's), whoever owns them
+    archived: bool = False  # the archived tasks instead of the rest
 
     def matches(self, task: Task) -> bool:
         """The same test in Python, for tasks that arrive while a page is open."""
         if self.owner is not None and task.owner != self.owner:
+            return False
+        if self.team is not None and task.team != self.team:
+            return False
+        if self.tag is not None and self.tag not in task.tags:
+            return False
+        if (task.archived_at is not None) != self.archived:
             return False
         if self.states and task.state not in self.states:
             return False
@@ -49,6 +58,7 @@ class TaskPage:
 
 
 def _filtered(query: Select[Any], where: TaskFilter, before: int | None) -> Select[Any]:
+    query = query.where(TaskRow.deleted_at.is_(None))
     if before is not None:
         query = query.where(TaskRow.id < before)
     if where.owner is not None:
@@ -57,7 +67,13 @@ def _filtered(query: Select[Any], where: TaskFilter, before: int | None) -> Sele
         query = query.where(TaskRow.state.in_([s.value for s in where.states]))
     if where.project is not None:
         query = query.where(TaskRow.project == where.project)
-    return query
+    if where.team is not None:
+        query = query.where(TaskRow.team == where.team)
+    if where.tag is not None:
+        query = query.where(TaskRow.tags.like(tag_like(where.tag), escape="\\"))
+    if where.archived:
+        return query.where(TaskRow.archived_at.is_not(None))
+    return query.where(TaskRow.archived_at.is_(None))
 
 
 def _like(word: str) -> str:
@@ -97,7 +113,7 @@ def changed_since(
     store: Store, since: float, owner: str | None, limit: int = 500
 ) -> list[tuple[Task, float]]:
     """Tasks written after `since`, with when (oldest change first): what a live page redraws."""
-    query = select(TaskRow).where(TaskRow.updated_at > since)
+    query = select(TaskRow).where(TaskRow.updated_at > since, TaskRow.deleted_at.is_(None))
     if owner is not None:
         query = query.where(TaskRow.owner == owner)
     query = query.order_by(TaskRow.updated_at).limit(limit)
@@ -107,7 +123,7 @@ def changed_since(
 
 def tasks_by_id(store: Store, ids: Iterable[int], owner: str | None) -> list[Task]:
     """These tasks (of `owner` only, unless None), without their diffs."""
-    query = select(TaskRow).where(TaskRow.id.in_(list(ids)))
+    query = select(TaskRow).where(TaskRow.id.in_(list(ids)), TaskRow.deleted_at.is_(None))
     if owner is not None:
         query = query.where(TaskRow.owner == owner)
     with store.read() as session:
@@ -143,7 +159,14 @@ def scalars_after(store: Store, task_ids: Iterable[int], after: int = 0) -> list
     )
     with store.read() as session:
         return [
-            {"id": s.id, "task": s.task_id, "name": s.name, "step": s.step, "value": s.value}
+            {
+                "id": s.id,
+                "task": s.task_id,
+                "name": s.name,
+                "series": s.series,
+                "step": s.step,
+                "value": s.value,
+            }
             for s in session.scalars(query)
         ]
 

@@ -90,6 +90,9 @@ class InstanceOut(BaseModel):
     teams: list[str]
     ready: bool
     params: dict[str, Any]
+    # The registry's versions it serves: {ref, name, version} of each `registry:` parameter,
+    # resolved at launch (a relaunch resolves them again).
+    models: list[dict[str, Any]] = []
     form: dict[str, Any]  # the launch form, as `klique app export` writes it
     created_at: float
     started_at: float | None

@@ -29,6 +29,7 @@ from broker.tasks.app_schemas import (
 )
 from broker.tasks.control import TaskControl
 from broker.tasks.create import check_task, new_task
+from broker.tasks.models import ModelService
 from broker.tasks.schemas import TaskOut
 from broker.tasks.sdk_schemas import CloneIn
 from broker.tasks.service import TaskService
@@ -86,6 +87,7 @@ class AppService:
         self.control = control
         self.hub = hub
         self.store = AppStore(control.store)
+        self.models = ModelService(control)  # resolves `registry:NAME@REF` parameters
 
     # The catalogue and its locks.
 
@@ -145,6 +147,7 @@ class AppService:
         route_name = form.route or launch.route_name(app)
         static = form.route is not None
         spec = launch.app_spec(app, form, control.estate, resource, route_name, static)
+        spec = self.models.with_models(who, spec)
         with launch.quota_lock():
             running = [t.team for t in running_apps(control)]
             launch.check_quota(control.estate, who.team, running)
@@ -216,6 +219,10 @@ class AppService:
             teams=list(app.get("teams") or ()),
             ready=self.hub.is_ready(task.id),
             params=dict(app.get("params") or {}),
+            models=[
+                {"ref": m["ref"], "name": m["name"], "version": m["version"]}
+                for m in app.get("models") or ()
+            ],
             form=launch_form_of(task).to_json(),
             created_at=task.created_at,
             started_at=task.started_at,

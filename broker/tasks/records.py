@@ -40,11 +40,12 @@ Allowed = Callable[[Caller, Task], bool]
 
 
 def reads(loop: TaskControl, actor: Caller, task: Task, name: str | None) -> bool:
-    """A user's credential: acts_on. A report token: its task, its steps, and the artifacts it
-    was made to read (name None: a listing of a task it reads from)."""
+    """A user's credential: acts_on, or a member of the task's team. A report token: its task,
+    its steps, and the artifacts it was made to read (name None: a listing of a task it reads
+    from)."""
     speaking = authz.speaks_for_task(actor)
     if speaking is None:
-        return authz.acts_on(actor, task)
+        return authz.reads_task(actor, task)
     return authz.report_token_reads(loop.store.get(speaking), task, name)
 
 
@@ -64,8 +65,12 @@ def shown(loop: TaskControl, task: Task) -> TaskOut:
 
 
 def get_record(loop: TaskControl, actor: Caller, task_id: int) -> TaskOut:
-    """A task, or a pipeline's step read with the pipeline's own token."""
-    return shown(loop, find(loop, task_id, actor, authz.controls))
+    """A task, a pipeline's step read with the pipeline's own token, or a teammate's task."""
+    return shown(loop, find(loop, task_id, actor, _reads_record))
+
+
+def _reads_record(actor: Caller, task: Task) -> bool:
+    return authz.controls(actor, task) or authz.reads_as_teammate(actor, task)
 
 
 def settings(loop: TaskControl) -> SettingsOut:
@@ -171,9 +176,18 @@ def clone(loop: TaskControl, actor: Caller, task: Task, body: CloneIn) -> TaskOu
     fields = {
         "parameters": {**task.parameters, **body.parameters},
         "packages": list(task.packages),
-        "parent_id": authz.speaks_for_task(actor),  # a report token makes its own steps only
+        "parent_id": _clone_parent(loop, actor, body.parent),
     }
     return shown(loop, new_task(loop, actor, spec, fields))
+
+
+def _clone_parent(loop: TaskControl, actor: Caller, asked: int | None) -> int | None:
+    """The pipeline a clone is a step of: a report token's own task (it makes its own steps
+    only), or the task asked for if the caller acts on it (ClearML's add_step)."""
+    speaking = authz.speaks_for_task(actor)
+    if asked is None or asked == speaking:
+        return speaking
+    return find(loop, asked, actor).id
 
 
 def steps(loop: TaskControl, actor: Caller, task_id: int) -> list[StepOut]:
@@ -243,6 +257,7 @@ def _fields(loop: TaskControl, body: RecordIn, actor: Caller) -> dict[str, Any]:
         "packages": list(body.packages),
         "inputs": [[ref.task, ref.name] for ref in body.inputs],
         "cache_key": body.cache_key,
+        "tags": sorted(set(body.tags)),
     }
 
 

@@ -10,6 +10,7 @@ from broker.domain import ComputeResource, Pool, Task, TaskState
 from broker.execution import PoolState
 from broker.names import ENV_NAME, IMAGE, LINE, NAME, NO_NUL, PROJECT, REPO
 from broker.pools.settings import description_of
+from broker.tasks.report_schemas import ReportIn
 
 Name = Annotated[str, Field(pattern=NAME)]
 Line = Annotated[str, Field(pattern=LINE, max_length=4096)]
@@ -48,7 +49,7 @@ class SubmitRequest(RunIn):
 
 class ArtifactOut(BaseModel):
     name: str
-    kind: Literal["file", "object"]  # a file as uploaded, or a pickled Python object
+    kind: Literal["file", "folder", "object"]  # a file as uploaded, a folder (zip), a pickle
     filename: str
     digest: str  # SHA-256 of the content
     size: int
@@ -81,10 +82,13 @@ class TaskOut(BaseModel):
     parent: int | None = None  # the task that made this one (a pipeline, for its steps)
     parameters: dict[str, Any] = {}
     sweep: int | None = None  # the sweep it was made in (`klique ls --sweep ID`)
+    tags: list[str] = []
+    archived: bool = False  # hidden from default listings (`klique ls --archived` shows it)
     events: list[dict[str, Any]] = []
     scalars: list[dict[str, Any]] = []
     packages: list[str] = []  # shown in detail only
     artifacts: list[ArtifactOut] = []  # shown in detail only
+    datasets: list[dict[str, Any]] = []  # the dataset versions it read; in detail only
 
     @classmethod
     def of(cls, task: Task) -> TaskOut:
@@ -124,6 +128,8 @@ class TaskOut(BaseModel):
             parent=task.parent,
             parameters=task.parameters,
             sweep=task.sweep,
+            tags=list(task.tags),
+            archived=task.archived_at is not None,
         )
 
 
@@ -154,7 +160,8 @@ Finite = Annotated[float, Field(allow_inf_nan=False)]
 
 
 class ScalarIn(BaseModel):
-    name: str = Field(min_length=1, max_length=200, pattern=LINE)
+    name: str = Field(min_length=1, max_length=200, pattern=LINE)  # the chart's title
+    series: str = Field("", max_length=200, pattern=LINE)  # its line ("": the title's own)
     value: Finite
     step: int | None = Field(None, ge=-(2**62), lt=2**62)
     time: Finite | None = None
@@ -185,6 +192,7 @@ class Report(BaseModel):
     exit: ExitIn | None = None
     console: ConsoleIn | None = None
     scalars: list[ScalarIn] = Field([], max_length=10000)
+    reports: list[ReportIn] = Field([], max_length=10000)  # beyond scalars (report_schemas.py)
 
 
 class ResourceOut(BaseModel):

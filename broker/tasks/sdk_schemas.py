@@ -7,6 +7,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, Field
 
 from broker.names import ARTIFACT, IMAGE, LINE, PROJECT
+from broker.tasks.keeping import MAX_TAGS, Tag
 from broker.tasks.schemas import Argument, CodeIn, Line, Name, RunIn, TaskOut, _Body
 
 ArtifactName = Annotated[str, Field(pattern=ARTIFACT)]
@@ -34,6 +35,7 @@ class RecordIn(RunIn):
     inputs: list[InputRef] = Field([], max_length=1000)
     cache_key: str | None = Field(None, pattern=r"^[0-9a-f]{64}$")
     reuse: TaskRef | None = None
+    tags: list[Tag] = Field([], max_length=MAX_TAGS)
 
 
 class StepsIn(_Body):
@@ -75,6 +77,7 @@ class CloneIn(_Body):
     parameters: Parameters = {}
     resource: Name | None = None
     name: str | None = Field(None, max_length=200, pattern=LINE)
+    parent: TaskRef | None = None  # the pipeline it is a step of (a task the caller acts on)
 
 
 class StepOut(BaseModel):

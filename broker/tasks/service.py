@@ -8,11 +8,12 @@ import asyncio
 from typing import Any
 
 from broker import authz
+from broker.artifacts import ArtifactStore
 from broker.authz import Action
 from broker.domain import Limits, Task, TaskState
 from broker.errors import Conflict, KliqueError
 from broker.identity.resolve import Caller
-from broker.tasks import artifacts, batches, records
+from broker.tasks import artifacts, batches, keeping, records, reports
 from broker.tasks.batches import BatchItem, BatchOut, SweepOut
 from broker.tasks.cancelling import cancel_task
 from broker.tasks.console import (
@@ -25,6 +26,8 @@ from broker.tasks.console import (
 from broker.tasks.control import TaskControl
 from broker.tasks.create import queue_task, spec_of
 from broker.tasks.creations import Creations
+from broker.tasks.report_schemas import ReportOut
+from broker.tasks.reports import Served
 from broker.tasks.schemas import ArtifactOut, LogChunk, Report, SubmitRequest, TaskOut, WhyOut
 from broker.tasks.sdk_schemas import (
     CloneIn,
@@ -69,16 +72,25 @@ class TaskService:
         limit: int = 200,
         before: int | None = None,
         project: str | None = None,
+        tag: str | None = None,
+        archived: bool = False,
+        team: bool = False,
     ) -> list[TaskOut]:
-        """The newest tasks first, a page at a time: pass the last id seen as `before`."""
+        """The newest tasks first, a page at a time: pass the last id seen as `before`.
+        `team`: the caller's team's tasks (theirs and their teammates'); `archived`: the
+        archived ones (hidden otherwise); `tag`: those with the tag."""
+        owner = authz.owner_filter(who, None if all_users else who.user)
         tasks = self.store.tasks(
-            owner=authz.owner_filter(who, None if all_users else who.user),
+            owner=None if team else owner,
             states=parse_states(states),
             limit=limit,
             newest_first=True,
             before=before,
             with_diff=False,
             project=project,
+            tag=tag,
+            archived=archived,
+            team=keeping.team_of(who) if team else None,
         )
         return [self.out(t) for t in tasks]
 
@@ -106,6 +118,7 @@ class TaskService:
         if refusal:
             raise Conflict(refusal)
         check_report_bounds(self.loop, task, body)
+        reports.keep(self.loop, task, body.reports)  # first: past a bound, nothing is kept
         if body.console is not None:
             save_console(self.loop, task, body.console.offset, body.console.text)
         if body.scalars:
@@ -123,6 +136,25 @@ class TaskService:
             self.store.update(task.id, **claim)
         if claim:
             self.loop.wake_pool(task.pool)  # the pool confirms at its next look
+
+    # Reports beyond scalars (broker/tasks/reports.py), for whoever may read the task.
+
+    def reports(self, who: Caller, task_id: int, kind: str | None) -> list[ReportOut]:
+        return reports.listing(self.loop, self.find(who, task_id), kind)
+
+    def report_file(self, who: Caller, task_id: int, report_id: int) -> tuple[bytes, Served]:
+        return reports.file_of(self.loop, self.find(who, task_id), report_id)
+
+    # What is kept of a run (broker/tasks/keeping.py): its tags, archived or not.
+
+    def tag(self, who: Caller, task_id: int, body: keeping.TagsIn) -> TaskOut:
+        return self.out(keeping.tag(self.loop, who, task_id, body), detail=True)
+
+    def archive(self, who: Caller, task_id: int, archived: bool) -> TaskOut:
+        return self.out(keeping.archive(self.loop, who, task_id, archived), detail=True)
+
+    def delete(self, who: Caller, task_id: int, artifacts: ArtifactStore) -> None:
+        keeping.delete(self.loop, who, task_id, artifacts)
 
     # Many at once: batches and sweeps (broker/tasks/batches.py has the rules).
 

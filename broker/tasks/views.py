@@ -5,13 +5,15 @@ from __future__ import annotations
 
 from broker.domain import Task, TaskState
 from broker.scheduler.model import PendingReason
+from broker.store.datasets import DatasetStore
 from broker.tasks.control import TaskControl
 from broker.tasks.schemas import ArtifactOut, TaskOut, WhyOut
 
 
 def task_out(task: Task, loop: TaskControl, detail: bool = False) -> TaskOut:
     """The task, with the last cycle's reason for a queued one; `detail` adds its events,
-    scalars, packages and artifacts (one task's page, not a listing's row)."""
+    scalars, packages, artifacts and the dataset versions it read (one task's page, not a
+    listing's row)."""
     out = TaskOut.of(task)
     waiting = loop.pending.get(task.id)
     if waiting is not None and task.state is TaskState.QUEUED:
@@ -21,6 +23,7 @@ def task_out(task: Task, loop: TaskControl, detail: bool = False) -> TaskOut:
         out.scalars = loop.store.scalars(task.id)
         out.packages = list(task.packages)
         out.artifacts = [ArtifactOut(**a) for a in loop.store.artifacts(task.id)]
+        out.datasets = DatasetStore(loop.store).reads(task.id)
     return out
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from typing import Any
 
@@ -19,13 +20,16 @@ from broker.errors import KliqueError, NotFound
 from broker.http.errors import status_of
 from broker.http.paths import TaskId
 from broker.store import web as web_store
+from broker.tasks import reports as task_reports
 from broker.tasks.apps import AppService, clone_task
 from broker.tasks.cancelling import cancel_task
 from broker.tasks.console import read_console
+from broker.tasks.keeping import TAG
 from broker.tasks.schemas import TaskOut
 from broker.tasks.sdk_schemas import CloneIn
 from broker.tasks.views import task_out, why_out
 from broker.web.render import HEADERS
+from broker.web.reports_view import reports_view
 from broker.web.ui import Viewer, Web, safe_next
 from inside_job.reporter import decode_prefix
 
@@ -45,11 +49,21 @@ def task_filter(request: Request, who: Viewer) -> tuple[web_store.TaskFilter, li
             states.append(TaskState(value))
         elif value:
             problems.append(f"unknown state {value!r} left out")
+    tag = (params.get("tag") or "").strip()
+    if tag and not re.fullmatch(TAG, tag):
+        problems.append(f"tag {tag[:64]!r} is no tag (letters, digits and ._:+=@/-): left out")
+        tag = ""
+    team = who.team if params.get("team") and who.team else None
+    if params.get("team") and who.team is None:
+        problems.append("you are in no team: showing your own tasks")
     where = web_store.TaskFilter(
-        owner=owner_filter(who, params.get("owner") or None),
+        owner=None if team else owner_filter(who, params.get("owner") or None),
         states=tuple(states),
         project=params.get("project") or None,
         search=(params.get("q") or "").strip()[:200],
+        tag=tag or None,
+        team=team,
+        archived=bool(params.get("archived")),
     )
     return where, problems
 
@@ -115,16 +129,26 @@ async def console_text(web: Web, task: Task) -> tuple[str, int]:
 
 
 def chart_data(outs: list[TaskOut]) -> dict[str, Any]:
-    """One chart per scalar name; a series per task (steps on x; the order when no step)."""
-    charts: dict[str, list[dict[str, Any]]] = {}
+    """One chart per scalar title, steps on x (the order when no step). One task: a line per
+    series (a title's own points: the title's line). Several: a chart per title and series,
+    a line per task."""
+    charts: dict[str, dict[str, list[list[float]]]] = {}
     for out in outs:
-        series: dict[str, list[list[float]]] = {}
         for i, s in enumerate(out.scalars):
+            series = s.get("series") or ""
             x = s["step"] if s["step"] is not None else i
-            series.setdefault(s["name"], []).append([x, s["value"]])
-        for name, points in series.items():
-            charts.setdefault(name, []).append({"label": f"task {out.id}", "points": points})
-    return {"charts": [{"name": n, "series": s} for n, s in sorted(charts.items())]}
+            if len(outs) == 1:
+                chart, line = s["name"], series or s["name"]
+            else:
+                chart = f"{s['name']} / {series}" if series else s["name"]
+                line = f"task {out.id}"
+            charts.setdefault(chart, {}).setdefault(line, []).append([x, s["value"]])
+    return {
+        "charts": [
+            {"name": n, "series": [{"label": k, "points": p} for k, p in lines.items()]}
+            for n, lines in sorted(charts.items())
+        ]
+    }
 
 
 def _differs(values: list[Any]) -> bool:
@@ -184,6 +208,7 @@ def add_routes(router: APIRouter, web: Web) -> None:
             diff=diff,
             diff_total=diff_total,
             charts=chart_data([out]),
+            reports=reports_view(task_reports.listing(control, found, None)),
             scalar_cursor=out.scalars[-1]["id"] if out.scalars else 0,
             stamp=repr(stamp),
         )

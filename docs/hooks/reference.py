@@ -67,23 +67,33 @@ def limits_of(schema: dict[str, Any]) -> str:
 
 
 def fields_table(model: dict[str, Any]) -> list[str]:
+    """A model's fields, one row each; a description column where the model describes them
+    (every estate model does: its fields' docstrings; a REST schema may not)."""
     required = set(model.get("required", []))
-    rows = ["| field | type | default | limits |", "|---|---|---|---|"]
-    for name, field in model.get("properties", {}).items():
+    fields = model.get("properties", {})
+    described = any(field.get("description") for field in fields.values())
+    head = ["field", "type", "default", "limits", *(["description"] if described else [])]
+    rows = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+    for name, field in fields.items():
         default = "required" if name in required else f"`{json.dumps(field.get('default'))}`"
         if isinstance(field.get("default"), dict) and field["default"]:
             default = "the defaults of its fields"  # a section: its own table says them
-        rows.append(
-            f"| `{name}` | {cell(type_of(field))} | {cell(default)} | {cell(limits_of(field))} |"
-        )
+        cells = [f"`{name}`", type_of(field), default, limits_of(field)]
+        cells += [field.get("description", "")] if described else []
+        rows.append("| " + " | ".join(cell(c) for c in cells) + " |")
     return rows
 
 
+def about(model: dict[str, Any]) -> list[str]:
+    """The model's own description (its docstring), as a paragraph, if it has one."""
+    return [cell(model["description"]), ""] if model.get("description") else []
+
+
 def models_section(title: str, schema: dict[str, Any], level: str = "##") -> list[str]:
-    lines = [f"{level} {title}", "", *fields_table(schema), ""]
+    lines = [f"{level} {title}", "", *about(schema), *fields_table(schema), ""]
     for name, model in sorted(schema.get("$defs", {}).items()):
         if model.get("type") == "object":
-            lines += [f"{level}# {name}", "", *fields_table(model), ""]
+            lines += [f"{level}# {name}", "", *about(model), *fields_table(model), ""]
     return lines
 
 
@@ -104,7 +114,8 @@ def estate_page() -> str:
     lines = [line.replace(pools, POOLS_ROW) if line.startswith(pools) else line for line in lines]
     for name, spec in sorted(kinds().items()):
         title = f"Pools of kind `{name}`"
-        section = models_section(title, spec.settings.model_json_schema())
+        schema = {**spec.settings.model_json_schema(), "description": None}  # the summary says it
+        section = models_section(title, schema)
         lines += [*section[:2], f"{spec.summary} ({spec.settings.__name__})", "", *section[2:]]
     return "\n".join(lines) + "\n"
 

@@ -1,7 +1,9 @@
-"""The Kubernetes API emulator, for the tests of Kubernetes pools."""
+"""The Kubernetes emulator (tests/fakes/_kubesim/), for the tests of Kubernetes pools: an API
+server and one node whose kubelet runs pods in Podman."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -12,24 +14,41 @@ from typing import Any
 import httpx
 from conftest import HTTP_TLS, ROOT, free_port, wait_for
 
+from helpers.container_images import PODMAN_IMAGE
+
 EMULATOR = ROOT / "tests" / "fakes" / "kubernetes" / "kube-emulator"
-IMAGE = "localhost/python:3.11"
+IMAGE = PODMAN_IMAGE  # in podman's local store: tests/conftest_services.py's `podman` builds it
 NAMESPACE = "klique"
+RESTRICTED = {"pod-security.kubernetes.io/enforce": "restricted"}
+NODE = "emulated-node"
+CONTAINER_LABEL = "klique.test/kubesim"  # tests/fakes/_kubesim/podman.py's LABEL
 
 
 class Emulator:
-    """The API emulator and kubelet stand-in of tests/fakes/kubernetes/, on a free port: one
-    node with 8 CPUs, 16 GiB, two GPUs and eight shares of a GPU, which pulls only `images`."""
+    """The emulator on a free port: one node with 8 CPUs, 16 GiB, two GPUs and eight shares of
+    a GPU, the namespace `klique` (with `labels`, e.g. RESTRICTED) and any `namespaces` more.
+    `toleration` is the seconds a pod stays on a NotReady node before the taint manager
+    evicts it; `backoff_scale` shrinks the image pull back-off."""
 
-    def __init__(self, images: tuple[str, ...] = (IMAGE,)) -> None:
+    def __init__(
+        self,
+        labels: dict[str, str] | None = None,
+        namespaces: dict[str, dict[str, str]] | None = None,
+        toleration: float = 300,
+        backoff_scale: float = 1.0,
+    ) -> None:
         self.state = Path(tempfile.mkdtemp(prefix="klique-kube-", dir="/tmp"))
-        self.state.chmod(0o755)  # alice reaches her pods' folders
+        self.state.chmod(0o755)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        spaces = {NAMESPACE: labels or {}, **(namespaces or {})}
         argv = [
             sys.executable, str(EMULATOR), "--port", str(self.port), "--state", str(self.state),
-            *(f"--image={image}" for image in images), "--cpu", "8", "--memory", "16Gi",
+            "--cpu", "8", "--memory", "16Gi", "--history", "20000",
             "--resource", "nvidia.com/gpu=2", "--resource", "nvidia.com/gpu.shared=8",
+            "--not-ready-toleration-s", str(toleration),
+            "--image-backoff-scale", str(backoff_scale),
+            *(f"--namespace={name}:{_labels(values)}" for name, values in spaces.items()),
         ]  # fmt: skip
         log = (self.state / "emulator.log").open("wb")
         self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
@@ -41,13 +60,46 @@ class Emulator:
         except httpx.TransportError:
             return False
 
+    def api(self, path: str, namespace: str = NAMESPACE) -> str:
+        return f"{self.url}/api/v1/namespaces/{namespace}/{path}"
+
     def pods_url(self) -> str:
-        return f"{self.url}/api/v1/namespaces/{NAMESPACE}/pods"
+        return self.api("pods")
 
     def pods(self, task_id: int) -> list[dict[str, Any]]:
         selector = {"labelSelector": f"klique.dev/task={task_id}"}
         answer = httpx.get(self.pods_url(), params=selector, verify=HTTP_TLS)
         return list(answer.json()["items"])
+
+    def items(self, plural: str) -> list[dict[str, Any]]:
+        return list(httpx.get(self.api(plural)).json()["items"])
+
+    def emulator(self, path: str, body: dict[str, Any]) -> httpx.Response:
+        """POST to an /emulator/ lever (tests/fakes/_kubesim/main.py lists them)."""
+        answer = httpx.post(f"{self.url}/emulator/{path}", json=body, timeout=30)
+        assert answer.status_code == 200, answer.text
+        return answer
+
+    def emulator_get(self, path: str) -> Any:
+        return httpx.get(f"{self.url}/emulator/{path}").json()
+
+    def pod_events(self) -> list[dict[str, Any]]:
+        """Every pod ever created (name and labels), from the API's watch history."""
+        params = {"watch": "1", "resourceVersion": "1", "timeoutSeconds": "0.5"}
+        answer = httpx.get(self.pods_url(), params=params, timeout=30)
+        created = [json.loads(line) for line in answer.text.splitlines() if line]
+        return [
+            {"name": e["object"]["metadata"]["name"], "labels": e["object"]["metadata"]["labels"]}
+            for e in created
+            if e["type"] == "ADDED"
+        ]
+
+    def node_ready(self, ready: bool) -> None:
+        self.emulator(f"nodes/{NODE}", {"ready": ready})
+
+    def job_folder(self, pod: dict[str, Any], volume: str = "klique-job") -> Path:
+        """A pod's volume as the node holds it (an emptyDir the test may write into)."""
+        return self.state / "pods" / pod["metadata"]["uid"] / "volumes" / volume
 
     def lists(self) -> int:
         """Lists of the pool's pods by the watch's selector (pool and installation) served:
@@ -60,6 +112,17 @@ class Emulator:
         )
 
     def stop(self) -> None:
-        self.process.terminate()
-        self.process.wait(10)
+        self.process.terminate()  # its shutdown removes its containers
+        try:
+            self.process.wait(30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(10)
+        # Whatever a killed emulator left, by the label its containers carry.
+        label = f"--filter=label={CONTAINER_LABEL}={self.state}"
+        subprocess.run(["podman", "rm", "--force", "--time=0", label], capture_output=True)
         shutil.rmtree(self.state, ignore_errors=True)
+
+
+def _labels(values: dict[str, str]) -> str:
+    return ",".join(f"{key}={value}" for key, value in values.items())

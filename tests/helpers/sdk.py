@@ -41,9 +41,15 @@ class Checkout:
         subprocess.run(["chown", "-R", "alice:alice", str(self.repo)], check=True)
 
     def run(
-        self, server: Server, token: str, *argv: str, timeout: float = 300, background: bool = False
+        self,
+        server: Server,
+        token: str,
+        *argv: str,
+        timeout: float = 300,
+        background: bool = False,
+        extra_env: Mapping[str, str] | None = None,
     ) -> subprocess.CompletedProcess[str] | subprocess.Popen[str]:
-        """`python3 ARGV` as alice in the checkout, with her token for `server`."""
+        """`python3 ARGV` as alice in the checkout, with her token for `server` (and extra_env)."""
         home = pwd.getpwnam("alice").pw_dir
         env = {
             "PATH": "/usr/local/bin:/usr/bin:/bin",
@@ -52,6 +58,7 @@ class Checkout:
             "KLIQUE_API": server.url,
             "KLIQUE_TOKEN": token,
             "PYTHONUNBUFFERED": "1",
+            **(extra_env or {}),
         }
         command = ["runuser", "-u", "alice", "--", "env", "-i"]
         command += [f"{k}={v}" for k, v in env.items()] + [TASK_PY, *argv]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pwd
 import shutil
+import signal
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,9 +18,19 @@ from conftest_services import docker_estate
 pytestmark = pytest.mark.podman
 
 
+# A half of the GPU with a small memory cap, for the task that allocates past it.
+SMALL_HALF_GPU = (
+    "  small-half-gpu:\n    profile: {gpu_fraction: 0.5, cpus: 1, memory: 96M, walltime: 1h, "
+    "pools: [docker-box]}\n"
+)
+
+
 @pytest.fixture(scope="module")
 def server(module_server_factory, podman) -> Iterator[Server]:
-    yield module_server_factory(docker_estate(podman, "docker-box"))
+    estate = docker_estate(podman, "docker-box").replace(
+        "resources:\n", "resources:\n" + SMALL_HALF_GPU, 1
+    )
+    yield module_server_factory(estate)
 
 
 @pytest.fixture(scope="module")
@@ -82,6 +93,20 @@ def test_a_task_without_an_image_is_refused_with_the_fix(server):
     done = server.wait_state(submit(server, "print(1)"))
     assert done["state"] == "failed"
     assert "has no image" in done["reason"] and "--image" in done["reason"]
+
+
+def test_a_task_past_its_memory_cap_ends_out_of_memory_in_show_and_why(server, image):
+    hog = "x = bytearray(400 * 1024 * 1024); print('allocated', flush=True)"
+    task_id = submit(server, hog, resource="small-half-gpu", image=image)
+    done = server.wait_state(task_id)
+    assert done["state"] == "failed" and done["reason"].startswith("out of memory"), done
+    assert "memory cap of 96 MiB" in done["reason"] and done["exit_code"] == 137
+    assert "allocated" not in server.cli("logs", str(task_id)).output
+    for command in ("show", "why"):
+        shown = server.cli(command, str(task_id))
+        assert "out of memory" in shown.output, (command, shown.output)
+    name = Path(done["job_dir"]).parent.name
+    wait_for(lambda: not exists(name), 30, f"container {name} to be removed once read")
 
 
 def test_two_half_gpu_tasks_share_gpu_0_each_with_its_memory_cap(server, image):
@@ -154,33 +179,56 @@ def test_two_one_gpu_tasks_run_at_once_each_on_its_own_gpu(server_factory, podma
         server.cli("cancel", str(task_id))
 
 
-def test_a_restarted_server_finds_its_running_container_and_starts_no_other(tmp_path, podman):
+def test_a_killed_server_keeps_its_running_container_and_reaps_what_outlived_its_task(
+    tmp_path, podman
+):
     job_root = shared_folder("klique-jobs-")
     estate = tmp_path / "estate.yaml"
-    estate.write_text(docker_estate(podman, "restarted").replace("$JOB_ROOT", str(job_root)))
+    text = docker_estate(podman, "restarted").replace("$JOB_ROOT", str(job_root))
+    estate.write_text(text.replace("    mode: docker\n", "    mode: docker\n    reap_after: 2s\n"))
     server = start_server(tmp_path / "home", estate)
-    task_id = 0
+    task_id, ended, leftovers = 0, 0, []
     try:
+        ended = submit(server, "print(1)", image=podman.image)
+        assert server.wait_state(ended)["state"] == "completed"
         code = "import os, time\nwhile not os.path.exists('go'): time.sleep(0.1)\nprint('went')"
         task_id = submit(server, code, image=podman.image)
         job_dir = Path(server.wait_state(task_id, {"running"})["job_dir"])
-        stop_server(server)
+        server.process.send_signal(signal.SIGKILL)  # a crash: no shutdown of any kind
+        server.process.wait()
+        # What a crash between recording a task's end and removing its container leaves: a
+        # container of this pool and installation whose task has ended; and another
+        # installation's, with the same pool name, which is not this server's to touch.
+        installation = (tmp_path / "home" / "installation-id").read_text().strip()
+        leftovers = [
+            leftover(podman, ended, installation),
+            leftover(podman, ended, "another-installation"),
+        ]
         server = start_server(tmp_path / "home", estate)
-        # Another task's end means the new server has looked at its containers at least once.
-        other = server.wait_state(submit(server, "print(1)", image=podman.image))
-        assert other["state"] == "completed"
+        wait_for(lambda: not exists(leftovers[0]), 60, "the ended task's container to be reaped")
         found = server.task(task_id)
         assert (found["state"], found["native_id"]) == ("running", job_dir.parent.name)
-        assert len(labelled(task_id)) == 1
+        assert len(labelled(task_id)) == 1 and exists(leftovers[1])
         (job_dir / "go").touch()
         done = server.wait_state(task_id)
         assert (done["state"], done["exit_code"]) == ("completed", 0)
         assert "went" in server.cli("logs", str(task_id)).output
     finally:
         stop_server(server)
-        for container in labelled(task_id):  # a failed run's container, running on
+        for container in labelled(task_id) + leftovers:  # a failed run's, running on
             subprocess.run(["podman", "rm", "--force", container], capture_output=True, check=False)
         shutil.rmtree(job_root, ignore_errors=True)
+
+
+def leftover(podman: Any, task_id: int, installation: str) -> str:
+    """A container labelled as Klique labels a task's, sleeping: started by hand."""
+    name = f"klique-leftover-{task_id}-{installation}"
+    labels = [f"klique.dev/task={task_id}", "klique.dev/pool=restarted"]
+    labels.append(f"klique.dev/installation={installation}")
+    argv = ["podman", "run", "--detach", f"--name={name}", *podman.run_args]
+    argv += [f"--label={label}" for label in labels]
+    subprocess.run([*argv, podman.image, "sleep", "600"], capture_output=True, check=True)
+    return name
 
 
 def labelled(task_id: int) -> list[str]:

@@ -1,23 +1,21 @@
-"""A Kubernetes pool end to end: the server's driver, unchanged, against the API emulator and
-kubelet stand-in of tests/fakes/kubernetes/ (one per module). Pods really run the runner
-zipapp, as alice, reporting to the server over HTTP."""
+"""A Kubernetes pool end to end: the server's driver, unchanged, against the API emulator of
+tests/fakes/_kubesim/ (one per module), whose kubelet runs each pod in Podman from the pool's
+image. Pods really run the runner zipapp, as alice, reporting to the server over HTTP."""
 
 from __future__ import annotations
 
-import os
 import pwd
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from conftest import Server, shared_folder, start_server, stop_server, wait_for
+from conftest import Server, start_server, stop_server, wait_for
 from helpers.estates import estate_yaml, profile
 from helpers.kube import IMAGE, NAMESPACE, Emulator
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the kubelet stand-in runs pods as alice")
+pytestmark = pytest.mark.podman
 
 
 def estate(url: str) -> str:
@@ -31,6 +29,7 @@ def estate(url: str) -> str:
         "delete_grace": "2s",
         "shared_gpu_resource": "nvidia.com/gpu.shared",
         "gpu_memory": "40G",
+        "image_pull_backoff": "2s",
     }
     resources = {
         "cpu": profile("k8s", **allocation, walltime="1h"),
@@ -42,8 +41,8 @@ def estate(url: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[Emulator]:
-    emulator = Emulator()
+def cluster(podman) -> Iterator[Emulator]:
+    emulator = Emulator(backoff_scale=0.1)
     yield emulator
     emulator.stop()
 
@@ -163,12 +162,12 @@ def test_one_list_then_watch_and_a_new_list_after_410_gone(server, cluster):
 
 
 def test_a_restarted_server_adopts_running_pods(cluster, server, home):
-    folder = shared_folder("klique-gate-")
-    gate = folder / "gate"  # alice's pod waits for it
-    code = f"import os, time\nwhile not os.path.exists({str(gate)!r}): time.sleep(0.1)\nprint('ok')"
+    gate_path = "os.environ['KLIQUE_JOB_DIR'] + '/gate'"
+    code = f"import os, time\nwhile not os.path.exists({gate_path}): time.sleep(0.1)\nprint('ok')"
     task_id = submit(server, py(code))
     server.wait_state(task_id, {"running"})
     [pod] = cluster.pods(task_id)
+    gate = cluster.job_folder(pod) / "gate"  # alice's pod waits for it in its job folder
     stop_server(server)
     lists = cluster.lists()
     restarted = start_server(home, home / "estate.yaml")
@@ -181,4 +180,3 @@ def test_a_restarted_server_adopts_running_pods(cluster, server, home):
         assert (done["state"], done["exit_code"]) == ("completed", 0)
     finally:
         stop_server(restarted)
-        shutil.rmtree(folder, ignore_errors=True)

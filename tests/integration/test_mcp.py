@@ -32,6 +32,11 @@ TOOLS = {
     "list_apps",
     "launch_app",
     "stop_app",
+    "list_models",  # the model registry's (tests/integration/test_models.py)
+    "show_model",
+    "promote_model",
+    "list_tunings",  # tuning's (tests/integration/test_tuning.py)
+    "show_tuning",
 }
 
 

@@ -17,7 +17,8 @@ from conftest_services import docker_estate
 from helpers.batch import open_folder, remove_tree, shared_folder
 from helpers.container_images import SETUID_PYTHON
 
-from broker.pools.host_docker import RUNNER_PATH, make_mount_folder
+from broker.pools.docker_argv import RUNNER_PATH
+from broker.pools.host_docker import make_mount_folder
 
 pytestmark = pytest.mark.podman
 

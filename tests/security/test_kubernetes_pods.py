@@ -6,16 +6,19 @@ travels in the task's Secret only; a task cannot lift its GPU memory cap."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from fakes._kubesim.pod_security import violations
 
 from broker.domain import Task, TaskSpec, TaskState
 from broker.errors import EstateError, TemplateError
 from broker.estate import parse_estate
+from broker.pools import kube_pod
 from broker.pools.base import Context
 from broker.pools.kubernetes import KubernetesDriver
 
@@ -26,6 +29,8 @@ resources:
     profile: {cpus: 1, memory: 1G, walltime: 1h, pools: [k8s]}
   share:
     profile: {gpu_fraction: 0.25, cpus: 1, memory: 1G, walltime: 1h, pools: [k8s]}
+  gpus:
+    profile: {gpus: 2, cpus: 1, memory: 1G, walltime: 1h, pools: [k8s]}
 pools:
   k8s:
     kind: kubernetes
@@ -99,22 +104,101 @@ def test_an_image_reference_cannot_carry_anything_else(tmp_path, image):
         make_driver(tmp_path).render(hostile_task(image=image))
 
 
-def test_klique_fields_win_over_a_site_template(tmp_path):
-    """A site template that asks for a privileged runner, root, a hostPath or a service
-    account token does not get them for the runner's container and the pod's token."""
+def _site(tmp_path: Path, text: str) -> Path:
     folder = tmp_path / "site" / "kubernetes"
-    folder.mkdir(parents=True)
-    (folder / "pod.yaml").write_text(
-        "apiVersion: v1\nkind: Pod\nspec:\n"
-        "  automountServiceAccountToken: true\n"
-        "  securityContext: {runAsUser: 0, runAsNonRoot: false}\n"
-        "  containers:\n"
-        "    - name: task\n"
-        "      securityContext: {privileged: true, allowPrivilegeEscalation: true, runAsUser: 0}\n"
-    )
-    pod = make_driver(tmp_path, tmp_path / "site").render(hostile_task())
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "pod.yaml").write_text("apiVersion: v1\nkind: Pod\nspec:\n" + text)
+    return tmp_path / "site"
+
+
+ROOT_TEMPLATE = (
+    "  automountServiceAccountToken: true\n"
+    "  securityContext: {runAsUser: 0, runAsNonRoot: false}\n"
+    "  containers:\n"
+    "    - name: task\n"
+    "      securityContext: {privileged: true, allowPrivilegeEscalation: true, runAsUser: 0}\n"
+)
+
+
+def test_klique_fields_win_over_a_site_template_the_pool_allows(tmp_path):
+    """A site template that asks for a privileged runner, root or a service account token
+    is refused; where the pool allows privileged templates, the runner's container and the
+    pod's token are Klique's still."""
+    site = _site(tmp_path, ROOT_TEMPLATE)
+    with pytest.raises(TemplateError, match="allow_privileged_templates"):
+        make_driver(tmp_path, site).render(hostile_task())
+    driver = make_driver(tmp_path, site)
+    driver.settings = driver.settings.model_copy(update={"allow_privileged_templates": True})
+    pod = driver.render(hostile_task())
     locked_down(pod)
     assert pod["spec"]["securityContext"]["runAsUser"] == 1000
+
+
+@pytest.mark.parametrize(
+    ("text", "field"),
+    [
+        ("  hostNetwork: true\n", "spec.hostNetwork"),
+        ("  hostPID: true\n", "spec.hostPID"),
+        ("  hostIPC: true\n", "spec.hostIPC"),
+        ("  volumes: [{name: root, hostPath: {path: /}}]\n", "spec.volumes[0].hostPath"),
+        ("  automountServiceAccountToken: true\n", "spec.automountServiceAccountToken"),
+        ("  serviceAccountName: admin\n", "spec.serviceAccountName"),
+        (
+            "  initContainers: [{name: i, image: b, securityContext: {privileged: true}}]\n",
+            "spec.initContainers[0].securityContext.privileged",
+        ),
+        (
+            "  containers: [{name: s, securityContext: {capabilities: {add: [NET_RAW]}}}]\n",
+            "spec.containers[0].securityContext.capabilities.add",
+        ),
+        (
+            "  containers: [{name: s, securityContext: {allowPrivilegeEscalation: true}}]\n",
+            "spec.containers[0].securityContext.allowPrivilegeEscalation",
+        ),
+        (
+            "  volumes: [{name: t, projected: {sources: [{serviceAccountToken: {path: t}}]}}]\n",
+            "spec.volumes[0].projected.sources.serviceAccountToken",
+        ),
+    ],
+)
+def test_a_site_template_that_adds_privileges_is_refused_at_the_pools_check(tmp_path, text, field):
+    """At `klique estate check` and at server start (the pool's check): one sentence naming
+    the pool, the template, the field and the setting that would allow it."""
+    driver = make_driver(tmp_path, _site(tmp_path, text))
+    [problem] = asyncio.run(driver.check())
+    assert problem.startswith("pool k8s: pod template ") and "site/kubernetes/pod.yaml" in problem
+    assert field in problem and "allow_privileged_templates: true" in problem
+    assert driver.problems == [problem]  # the pool takes no task
+
+
+BUILT_IN = sorted((Path(kube_pod.__file__).parents[2] / "templates" / "kubernetes").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("template", BUILT_IN, ids=[p.name for p in BUILT_IN])
+@pytest.mark.parametrize("resource", ["cpu", "share", "gpus"])
+def test_every_built_in_template_renders_a_restricted_pod(tmp_path, template, resource):
+    """Every container of every pod of the shipped templates, init containers too, meets Pod
+    Security "restricted" (the emulator's checker, after the standard's own checks)."""
+    base = kube_pod.load_yaml(template)
+    driver = make_driver(tmp_path)
+    pod = kube_pod.render_pod(driver.request(hostile_task(resource)), driver.forms, base)
+    assert violations(pod, "restricted") == []
+    spec = pod["spec"]
+    assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    for container in spec["containers"] + spec.get("initContainers", []):
+        context = container["securityContext"]
+        assert context["allowPrivilegeEscalation"] is False and context["runAsNonRoot"] is True
+        assert context["capabilities"]["drop"] == ["ALL"]
+        assert context["seccompProfile"] == {"type": "RuntimeDefault"}
+
+
+def test_a_sidecar_of_a_site_template_gets_the_restricted_context_too(tmp_path):
+    site = _site(
+        tmp_path,
+        "  initContainers: [{name: fetch, image: b}]\n  containers: [{name: shipper, image: b}]\n",
+    )
+    pod = make_driver(tmp_path, site).render(hostile_task())
+    assert violations(pod, "restricted") == []
 
 
 @pytest.mark.parametrize(

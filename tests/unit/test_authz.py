@@ -39,6 +39,9 @@ NEEDS = {
     Action.CLONE: "submit",
     Action.LAUNCH_APP: "submit",
     Action.WRITE_ARTIFACT: "submit",
+    Action.TAG_TASK: "submit",
+    Action.ARCHIVE_TASK: "submit",
+    Action.DELETE_TASK: "submit",
     Action.ADMINISTER: "admin",
 }
 ON_A_TASK = {
@@ -47,7 +50,11 @@ ON_A_TASK = {
     Action.CLONE,
     Action.READ_ARTIFACT,
     Action.WRITE_ARTIFACT,
+    Action.TAG_TASK,
+    Action.ARCHIVE_TASK,
+    Action.DELETE_TASK,
 }
+TEAM_READS = {Action.READ_TASK, Action.READ_ARTIFACT}  # what a teammate may do to a run
 SCOPES = {
     "read": frozenset({"read"}),
     "submit": frozenset({"submit"}),
@@ -56,19 +63,24 @@ SCOPES = {
     "report": frozenset({"report"}),
     "agent": frozenset({"agent"}),
 }
-# Whose task it is, seen from alice: her own, bob's, or (None) no task at all.
-OWNERSHIP = {"own": "alice", "another's": "bob", "no task": None}
+# Whose task it is, seen from alice (team vision): her own, bob's (vision too), carol's (team
+# nlp), or (None) no task at all.
+OWNERSHIP = {"own": "alice", "a teammate's": "bob", "another team's": "carol", "no task": None}
+TEAMS = {"alice": "vision", "bob": "vision", "carol": "nlp"}
 
 
 def task(owner: str, task_id: int = 7, parent: int | None = None) -> Task:
-    return Task(task_id, TaskSpec(command=("true",), resource="cpu"), owner, "vision",
+    return Task(task_id, TaskSpec(command=("true",), resource="cpu"), owner, TEAMS[owner],
                 TaskState.QUEUED, parent=parent)  # fmt: skip
 
 
 def expected(scopes: str, action: Action, owner: str | None) -> type[Exception] | None:
     admin = scopes == "admin"
     if action in ON_A_TASK and owner is not None and owner != "alice" and not admin:
-        return NotFound  # another's task: as if it did not exist
+        if TEAMS[owner] != "vision":
+            return NotFound  # another team's task: as if it did not exist
+        if action not in TEAM_READS:
+            return NotPermitted  # the team reads a run; only its owner acts on it
     if NEEDS[action] not in SCOPES[scopes]:
         return NotPermitted
     return None
@@ -108,7 +120,16 @@ def test_a_refusal_for_scope_names_the_scope_to_ask_for() -> None:
 def test_another_users_task_is_not_found_whatever_the_scopes() -> None:
     for scopes in SCOPES.values():
         with pytest.raises(NotFound, match="no task 7 of yours"):
-            authz.check(Who("bob", scopes=scopes), Action.READ_TASK, task("alice"))
+            authz.check(Who("bob", team="nlp", scopes=scopes), Action.READ_TASK, task("alice"))
+
+
+def test_a_report_token_is_no_member_of_its_owners_team() -> None:
+    job = Who("bob", task=8)  # bob's job, speaking with its report token (team vision)
+    with pytest.raises(NotFound):
+        authz.check(job, Action.READ_TASK, task("alice"))
+    assert authz.reads_as_teammate(Who("bob"), task("alice"))
+    assert not authz.reads_as_teammate(job, task("alice"))
+    assert not authz.reads_as_teammate(Who("bob", team=None), task("alice"))
 
 
 @pytest.mark.parametrize(

@@ -110,5 +110,14 @@ def test_ls_asks_for_one_projects_tasks(calls: list) -> None:
     klique("ls", "--project", "vision")
     assert calls[-1][1:] == (
         "/tasks",
-        {"state": None, "all_users": None, "limit": 50, "before": None, "project": "vision"},
+        {
+            "state": None,
+            "all_users": None,
+            "limit": 50,
+            "before": None,
+            "project": "vision",
+            "tag": None,
+            "team": None,
+            "archived": None,
+        },
     )

@@ -18,17 +18,15 @@ from helpers.estates import profile
 from broker.domain import Estate, Task, TaskSpec, TaskState
 from broker.errors import EstateError, NotPermitted, SubmitError
 from broker.pools.base import Context
-from broker.pools.host import HostDriver
-from broker.pools.host_docker import (
+from broker.pools.docker_argv import (
     RUNNER_PATH,
     ContainerRun,
-    DockerHostDriver,
     container_name,
-    image_of,
     mount_folder,
-    private_group_problem,
     run_argv,
 )
+from broker.pools.host import HostDriver
+from broker.pools.host_docker import DockerHostDriver, image_of, private_group_problem
 from broker.pools.registry import make_driver
 
 RESOURCES = {
@@ -91,7 +89,8 @@ def task(resource: str = "cpu", image: str | None = "localhost/py:3", **kw: obje
 def test_a_podman_container_has_the_accounts_ids_two_mounts_and_no_privileges():
     argv = run_argv(run(gpu_ids=(2,), run_args=("--ulimit=nofile=1024:1024",)))
     assert argv[:3] == ["/usr/bin/podman", "run", "--detach"]
-    assert "--rm" in argv and "--pull=never" in argv and "--name=klique-7-1-abcdef" in argv
+    # No --rm: the driver reads how the container ended (OOMKilled) before it removes it.
+    assert "--rm" not in argv and "--pull=never" in argv and "--name=klique-7-1-abcdef" in argv
     assert "--user=1001:1001" in argv
     assert "--security-opt=no-new-privileges" in argv and "--cap-drop=all" in argv
     mounts = [a for a in argv if a.startswith(("--volume", "-v", "--mount"))]
@@ -221,7 +220,11 @@ def test_gpu_ids_that_are_not_distinct_gpu_numbers_are_refused(ids: list[object]
 
 
 def observe(
-    tmp_path: Path, settings: Mapping[str, Any], started_at: float, alive: bool
+    tmp_path: Path,
+    settings: Mapping[str, Any],
+    started_at: float,
+    alive: bool,
+    inspected: str = "false 137",
 ) -> tuple[Any, list]:
     """What the driver makes of a task whose container is (not) running and left no exit file,
     with the runtime's commands recorded instead of run."""
@@ -233,7 +236,7 @@ def observe(
     async def command(argv: list[str]) -> tuple[int, str, str]:
         commands.append(argv)
         driver.containers.clear()  # a stop ends it
-        return 0, "", ""
+        return 0, inspected if argv[1] == "inspect" else "", ""
 
     async def no_files(paths: object, account: str) -> dict[str, bytes]:
         return {}
@@ -250,7 +253,15 @@ def test_a_container_gone_past_its_walltime_is_a_timeout_and_before_it_is_lost(t
     assert late.state is TaskState.TIMEOUT and "walltime (7200 s)" in late.reason
     early, _ = observe(tmp_path, DOCKER, time.time(), alive=False)
     assert early.state is TaskState.LOST and "exit.json" in early.reason
-    assert commands == []  # podman's --timeout ended it
+    # podman's --timeout ended it: nothing stopped; read (OOMKilled?) and removed.
+    assert [argv[1] for argv in commands] == ["inspect", "rm"]
+
+
+def test_a_container_the_oom_killer_ended_reads_out_of_memory_with_its_cap(tmp_path):
+    seen, commands = observe(tmp_path, DOCKER, time.time(), alive=False, inspected="true 137")
+    assert (seen.state, seen.exit_code) == (TaskState.FAILED, 137)
+    assert seen.reason.startswith("out of memory") and "cap of 1024 MiB" in seen.reason
+    assert commands[-1][1:] == ["rm", "--force", "klique-7-1-abcdef"]
 
 
 def test_docker_has_no_timeout_so_the_driver_stops_a_task_past_its_walltime(tmp_path):

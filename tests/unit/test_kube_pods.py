@@ -249,14 +249,20 @@ def test_a_claim_of_success_from_a_failed_container_is_not_believed():
     assert seen is not None and seen.reason == "pip failed" and seen.exit_code == 125
 
 
-@pytest.mark.parametrize(
-    "reason", ["ImagePullBackOff", "ErrImagePull", "CreateContainerConfigError"]
-)
+@pytest.mark.parametrize("reason", ["InvalidImageName", "CreateContainerConfigError"])
 def test_a_container_that_cannot_start_fails_the_task_with_its_reason(reason):
     waiting = [{"name": "task", "state": {"waiting": {"reason": reason, "message": "not found"}}}]
     seen = observe(_pod("Pending", containerStatuses=waiting))
     assert seen is not None and seen.state is TaskState.FAILED
     assert seen.reason.startswith(reason) and seen.reason.endswith("not found")
+
+
+@pytest.mark.parametrize("reason", ["ImagePullBackOff", "ErrImagePull"])
+def test_an_image_pull_the_kubelet_retries_keeps_the_task_waiting(reason):
+    waiting = [{"name": "task", "state": {"waiting": {"reason": reason, "message": "not found"}}}]
+    seen = observe(_pod("Pending", containerStatuses=waiting))
+    assert seen is not None and seen.state is TaskState.PENDING
+    assert seen.reason.startswith(reason) and "tries again" in seen.reason
 
 
 def test_an_unschedulable_pod_says_why():
@@ -280,10 +286,22 @@ def test_the_shipped_role_is_valid_and_namespaced():
     assert [d["kind"] for d in documents] == ["ServiceAccount", "Role", "RoleBinding"]
     for document in documents:
         kubernetes_validate.validate(document, KUBERNETES_VERSION, strict=True)
-    rules = documents[1]["rules"]
-    assert {r for rule in rules for r in rule["resources"]} == {
-        "pods",
-        "pods/log",
-        "secrets",
-        "configmaps",
+    granted = {
+        (group, resource): set(rule["verbs"])
+        for rule in documents[1]["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
     }
+    # Exactly the calls of broker/pools/kube_api.py; Kueue's two only where a Role has them.
+    used = {
+        ("", "pods"): {"create", "get", "list", "watch", "delete"},
+        ("", "pods/log"): {"get"},
+        ("", "secrets"): {"create", "delete"},
+        ("", "configmaps"): {"create", "get"},
+    }
+    kueue = {
+        ("batch", "jobs"): {"create", "get", "delete"},
+        ("kueue.x-k8s.io", "workloads"): {"list"},
+    }
+    assert {k: v for k, v in granted.items() if k not in kueue} == used
+    assert all(granted[k] == kueue[k] for k in kueue if k in granted)

@@ -22,6 +22,7 @@ from broker.tasks.service import TaskService
 
 ALICE = Caller("alice", False, team="vision")
 BOB = Caller("bob", False, team="vision")
+CAROL = Caller("carol", False, team="audio")
 ADMIN = Caller("root", True)
 
 
@@ -100,14 +101,17 @@ def test_why_a_queued_task_waits_is_placements_reason(
     assert why.waiting and why.state is TaskState.QUEUED
     assert why.primary and why.sentence and why.reason
     assert tasks.show(ALICE, task_id).reason == why.reason
+    assert tasks.why(BOB, task_id).reason == why.reason  # her teammate reads it
     with pytest.raises(NotFound):
-        tasks.why(BOB, task_id)
+        tasks.why(CAROL, task_id)  # another team: as if it did not exist
 
 
 def test_a_cancel_by_another_user_is_refused_and_changes_nothing(tasks: TaskService) -> None:
     task_id = submit(tasks, ALICE)
     with pytest.raises(NotFound, match=f"no task {task_id}"):
-        asyncio.run(tasks.cancel(BOB, task_id))
+        asyncio.run(tasks.cancel(CAROL, task_id))
+    with pytest.raises(NotPermitted, match="only its owner and admins may cancel it"):
+        asyncio.run(tasks.cancel(BOB, task_id))  # a teammate reads it, but cannot cancel
     assert tasks.show(ALICE, task_id).state is TaskState.QUEUED
     cancelled = asyncio.run(tasks.cancel(ALICE, task_id))
     assert cancelled.state is TaskState.CANCELLED
@@ -128,4 +132,4 @@ def test_a_batch_is_made_whole_or_not_at_all(tasks: TaskService) -> None:
         "sweep",
     )
     with pytest.raises(NotFound, match="no sweep"):
-        tasks.sweep(Caller("carol", False, team="audio"), made.sweep)
+        tasks.sweep(CAROL, made.sweep)

@@ -31,6 +31,9 @@ SHIPPED = (
     "broker/deploy/kubernetes-rbac.yaml",
     "broker/app_catalogue/jupyter.yaml",
     "broker/web/templates/base.html",
+    "klique_deploy/Containerfile",  # `klique deploy files DEST` copies these out
+    "klique_deploy/systemd/klique-server.service",
+    "klique_deploy/nginx/klique.conf",
 )
 
 

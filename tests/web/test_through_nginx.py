@@ -3,8 +3,9 @@ over HTTPS at https://klique.test, a signed-in page whose live connection (an ev
 follows a task to its end, the server believing nginx's forwarding headers (the session cookie
 is Secure), plain HTTP sent on to HTTPS, and a body over the server's limit answered by the
 server's own sentence, not nginx's page; and JupyterLab through its route host, its kernel
-running 1+1 over a WebSocket that nginx upgrades. The route-origin tests through nginx are in
-test_route_origins.py."""
+running 1+1 over a WebSocket that nginx upgrades. Jobs reach the server through nginx as well
+(its public URL is nginx's): a task's reports, and an app's route tunnel that a browser opens.
+The route-origin tests through nginx are in test_route_origins.py."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 from conftest import HOST_ACCESS_SETTINGS, TASK_PY, free_port, submitted_id, wait_for
-from helpers.app import RUN_ONE_PLUS_ONE, chromium, launch, stop, wait_ready
+from helpers.app import RUN_ONE_PLUS_ONE, chromium, echo_command, launch, stop, wait_ready
 from helpers.estates import estate_yaml, profile
 from helpers.identity import CA
 from helpers.proxy import Front, nginx_front, server_args
@@ -36,9 +37,20 @@ def site(server_factory, tmp_path: Path) -> Iterator[tuple[Any, Front]]:
         pools={"p": {"kind": "host", "slots": 2, **HOST_ACCESS_SETTINGS}},
     )
     port = free_port()
-    server = server_factory(estate, server_args=server_args(port))
+    # Jobs report to nginx, as at a site: their public URL is nginx's, over HTTPS with the test
+    # CA's certificate, which the runners trust as the server does (SSL_CERT_FILE).
+    jobs_url = ["--public-url", f"https://127.0.0.1:{port}"]
+    server = server_factory(
+        estate, server_args=[*server_args(port), *jobs_url], SSL_CERT_FILE=str(CA)
+    )
     with nginx_front(server, port, free_port()) as front:
         yield server, front
+
+
+def through_nginx(front: Front, task_id: int, what: str) -> list[str]:
+    """nginx's log lines of a job's requests to `/api/v1/tasks/ID/WHAT` (the runner's own)."""
+    log = (front.folder / "access.log").read_text()
+    return [line for line in log.splitlines() if f" /api/v1/tasks/{task_id}/{what}" in line]
 
 
 def test_a_live_page_follows_a_task_over_https_through_nginx(site) -> None:
@@ -60,6 +72,8 @@ def test_a_live_page_follows_a_task_over_https_through_nginx(site) -> None:
         # No reload: the row arrives over the page's event stream, through nginx, to its end.
         until(browser, lambda d: row_state(d, task_id), f"task {task_id} to appear")
         until(browser, lambda d: row_state(d, task_id) == "completed", f"task {task_id} done")
+    # The job told the server its end through nginx too, over HTTPS (its public URL).
+    assert any('" 200 ' in line for line in through_nginx(front, task_id, "report"))
 
 
 def test_plain_http_is_sent_to_https_and_the_servers_limit_speaks(site) -> None:
@@ -86,6 +100,33 @@ def test_plain_http_is_sent_to_https_and_the_servers_limit_speaks(site) -> None:
     assert "limits.max_request" in answer.text, answer.text
 
 
+def test_an_app_opens_through_its_route_and_tunnel_via_nginx(site) -> None:
+    server, front = site
+    alice = server.make_token("alice")
+    started = launch(
+        server, alice, "http", resource="cpu", params={"command": echo_command("tunnelled")}
+    )
+    task_id, route = started["id"], started["path"]
+    wait_ready(server, alice, task_id)
+    name = route.split("/")[2]
+    with server.api(alice) as api:
+        made = api.post(f"/routes/{name}/code")
+    assert made.status_code == 201, made.text
+    with chromium(*front.chromium_flags()) as browser:
+        browser.get(made.json()["url"])
+        browser.get(f"{front.route(name)}{route}page")
+        # Browser, nginx, the routes listener, the tunnel (nginx again), the app on the node.
+        until(browser, lambda d: d.find_element(By.TAG_NAME, "p").text == "tunnelled", "the app")
+    stop(server, alice, task_id)
+    # The runner's end of the route was its WebSocket to the server's public URL, upgraded by
+    # nginx (which logs an upgraded connection once it closes, at the app's stop).
+    wait_for(
+        lambda: any('" 101 ' in line for line in through_nginx(front, task_id, "tunnel")),
+        60,
+        "nginx to log the tunnel's WebSocket",
+    )
+
+
 @pytest.mark.long
 def test_jupyterlab_runs_its_kernel_through_nginx(site) -> None:
     server, front = site
@@ -108,6 +149,7 @@ def test_jupyterlab_runs_its_kernel_through_nginx(site) -> None:
             "JupyterLab's launcher to show",
             0.5,
         )
-        # The kernel's WebSocket: browser, nginx (upgraded), the routes listener, the tunnel.
+        # The kernel's WebSocket: browser, nginx (upgraded), the routes listener, the tunnel
+        # (the runner's WebSocket, through nginx too).
         assert browser.execute_async_script(RUN_ONE_PLUS_ONE, route) == "2"
     stop(server, alice, task_id)

@@ -1,9 +1,31 @@
-/* Klique's web UI: charts of scalars (uPlot), select-all, ages that tick, the live badge.
+/* Klique's web UI: charts of scalars (uPlot; smoothing and a log axis), histograms, image
+   sliders, select-all, ages that tick, the live badge.
    Live data arrives over the page's one EventSource (htmx's sse extension). */
 (function () {
   "use strict";
   var COLORS = ["#0b57d0", "#b3261e", "#146c2e", "#8a5300", "#6f42c1", "#0a7f8c", "#c2185b", "#5d4037"];
   var charts = {}; // scalar name -> {plot, series: {label: [[x, y], ...]}}
+  var view = { smoothing: 0, log: false }; // the chart controls: how every line is drawn
+
+  function smoothed(ys) {
+    // An exponential moving average, debiased at the start (as TensorBoard draws it).
+    var w = view.smoothing, last = 0, n = 0;
+    if (!w) { return ys; }
+    return ys.map(function (y) {
+      if (y === null) { return null; }
+      last = last * w + (1 - w) * y;
+      n += 1;
+      return last / (1 - Math.pow(w, n));
+    });
+  }
+
+  function shown(data) {
+    // What is drawn: each line smoothed; on a log axis, values at or below 0 left out.
+    return [data[0]].concat(data.slice(1).map(function (ys) {
+      var line = smoothed(ys);
+      return view.log ? line.map(function (y) { return y !== null && y > 0 ? y : null; }) : line;
+    }));
+  }
 
   function aligned(series) {
     var labels = Object.keys(series);
@@ -22,20 +44,35 @@
   function draw(box, name) {
     var entry = charts[name];
     var a = aligned(entry.series);
-    if (entry.plot && entry.labels === a.labels.join("\n")) { entry.plot.setData(a.data); return; }
+    var key = a.labels.join("\n") + (view.log ? "\nlog" : "");
+    if (entry.plot && entry.labels === key) { entry.plot.setData(shown(a.data)); return; }
     if (entry.plot) { entry.plot.destroy(); }
     var width = Math.min(560, Math.max(320, box.clientWidth - 20));
     var opts = {
       title: name, width: width, height: 240,
-      scales: { x: { time: false } },
+      scales: { x: { time: false }, y: view.log ? { distr: 3 } : {} },
       axes: [{ label: "step" }, {}],
       series: [{ label: "step" }].concat(a.labels.map(function (l, i) {
         return { label: l, stroke: COLORS[i % COLORS.length], width: 2, spanGaps: true, points: { show: true, size: 4 } };
       }))
     };
     entry.holder.textContent = "";
-    entry.plot = new uPlot(opts, a.data, entry.holder);
-    entry.labels = a.labels.join("\n");
+    entry.plot = new uPlot(opts, shown(a.data), entry.holder);
+    entry.labels = key;
+  }
+
+  function initChartControls(box) {
+    var smoothing = document.querySelector("[data-smoothing]");
+    var log = document.querySelector("[data-log-axis]");
+    var output = document.querySelector("[data-smoothing-value]");
+    function redraw() {
+      view.smoothing = smoothing ? parseFloat(smoothing.value) || 0 : 0;
+      view.log = !!(log && log.checked);
+      if (output) { output.textContent = String(view.smoothing); }
+      Object.keys(charts).forEach(function (name) { draw(box, name); });
+    }
+    if (smoothing) { smoothing.addEventListener("input", redraw); }
+    if (log) { log.addEventListener("change", redraw); }
   }
 
   function ensure(box, name) {
@@ -60,6 +97,7 @@
     var source = document.getElementById("chart-data");
     if (!box || !source || typeof uPlot === "undefined") { return; }
     var initial = JSON.parse(source.textContent);
+    initChartControls(box);
     initial.charts.forEach(function (c) {
       var entry = ensure(box, c.name);
       c.series.forEach(function (s) { entry.series[s.label] = s.points.slice(); });
@@ -68,10 +106,10 @@
     box.addEventListener("htmx:sseBeforeMessage", function (evt) {
       if (evt.detail.type !== "scalars") { return; }
       evt.preventDefault(); // JSON for the charts, not HTML to swap
-      var label = "task " + box.getAttribute("data-task");
       var touched = {};
       JSON.parse(evt.detail.data).forEach(function (s) {
         var entry = ensure(box, s.name);
+        var label = s.series || s.name; // a chart per title, a line per series
         var points = entry.series[label] || (entry.series[label] = []);
         points.push([s.step === null ? points.length : s.step, s.value]);
         touched[s.name] = true;
@@ -79,6 +117,57 @@
       Object.keys(touched).forEach(function (name) { draw(box, name); });
       var none = document.querySelector("[data-no-scalars]");
       if (none) { none.remove(); }
+    });
+  }
+
+  function initHistograms() {
+    var box = document.querySelector("[data-histograms]");
+    var source = document.getElementById("histogram-data");
+    if (!box || !source || typeof uPlot === "undefined") { return; }
+    JSON.parse(source.textContent).forEach(function (h, i) {
+      var fig = document.createElement("figure");
+      fig.className = "chart";
+      fig.setAttribute("data-histogram", h.title);
+      var caption = document.createElement("figcaption");
+      caption.className = "visually-hidden";
+      caption.textContent = "Histogram " + h.title + ": " + h.labels.map(function (l, k) {
+        return l + " " + h.values[k];
+      }).join(", ");
+      var holder = document.createElement("div");
+      fig.appendChild(caption);
+      fig.appendChild(holder);
+      box.appendChild(fig);
+      var xs = h.values.map(function (_, k) { return k; });
+      var bars = uPlot.paths && uPlot.paths.bars ? uPlot.paths.bars({ size: [0.7, 80] }) : undefined;
+      var color = COLORS[i % COLORS.length];
+      new uPlot({
+        title: h.title, width: Math.min(560, Math.max(320, box.clientWidth - 20)), height: 240,
+        scales: {
+          x: { time: false, range: [-0.5, Math.max(0.5, xs.length - 0.5)] },
+          y: { range: function (u, min, max) { return [Math.min(0, min), Math.max(0, max) * 1.05 || 1]; } }
+        },
+        axes: [{ splits: function () { return xs; }, values: function (u, splits) {
+          return splits.map(function (k) { return k in h.labels ? String(h.labels[k]) : ""; });
+        } }, {}],
+        series: [{ label: "bin" }, { label: h.series, stroke: color, fill: color + "80", width: 1, paths: bars, points: { show: !bars } }]
+      }, [xs, h.values], holder);
+    });
+  }
+
+  function initImageSliders() {
+    document.querySelectorAll("[data-image-slider]").forEach(function (slider) {
+      var steps = JSON.parse(slider.getAttribute("data-steps"));
+      var fig = slider.closest("[data-image-series]");
+      var img = fig.querySelector("[data-image]");
+      var label = fig.querySelector("[data-image-step]");
+      slider.addEventListener("input", function () {
+        var step = steps[parseInt(slider.value, 10)];
+        if (!step) { return; }
+        img.src = step.src;
+        var at = step.iteration === null ? "" : "iteration " + step.iteration;
+        label.textContent = at;
+        img.alt = img.alt.replace(/, iteration .*$/, "") + (at ? ", " + at : "");
+      });
     });
   }
 
@@ -148,6 +237,8 @@
 
   document.addEventListener("DOMContentLoaded", function () {
     initCharts();
+    initHistograms();
+    initImageSliders();
     initSelection();
     initLiveBadge();
     initNewRows();
