@@ -37,7 +37,7 @@ from __future__ import annotations
 import hmac
 from collections.abc import Callable, Collection
 from enum import Enum
-from typing import Protocol
+from typing import Any, Protocol
 
 from broker.domain import Task
 from broker.errors import NotFound, NotPermitted
@@ -56,6 +56,7 @@ __all__ = [
     "controls",
     "may_open_route",
     "find_task",
+    "find_owned",
     "has_scope",
     "may_reuse",
     "may_stage_model",
@@ -189,6 +190,21 @@ def speaks_for_task(who: Who) -> int | None:
 def sees_owner(who: Who, owner: str) -> bool:
     """Whether the caller sees what `owner` owns (tasks, ledger rows): their own; an admin all."""
     return who.admin or owner == who.user
+
+
+def find_owned(
+    who: Who, fetch: Callable[[], dict[str, Any] | None], refusal: str
+) -> dict[str, Any]:
+    """What `fetch` finds (a sweep, a tuning) when the caller sees its owner; else
+    NotFound(refusal), the same for another's as for none: a different answer would tell
+    that it exists."""
+    try:
+        found = fetch()
+    except NotFound:
+        found = None
+    if found is None or not sees_owner(who, found["owner"]):
+        raise NotFound(refusal)
+    return found
 
 
 def sees_task(who: Who, task: Task) -> bool:

@@ -6,7 +6,6 @@ those versions only."""
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import shutil
@@ -14,6 +13,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
+from inside_job.digests import sha256_of
 from inside_job.errors import SetupFailed
 
 TYPE_CHECKING = False
@@ -85,7 +85,7 @@ def _stage_one(job_dir: str, report: ReportSpec, model: StagedModel, console: Co
     for index, file in enumerate(model.files):
         dest = os.path.join(folder, *file["path"].split("/"))
         os.makedirs(os.path.dirname(dest), mode=0o700, exist_ok=True)
-        if os.path.isfile(dest) and _sha256(dest) == file["digest"]:
+        if os.path.isfile(dest) and sha256_of(dest) == file["digest"]:
             continue  # staged by an earlier attempt in this folder
         quoted = urllib.parse.quote(model.name)
         url = f"{report.url}/api/v1/models/{quoted}/versions/{model.version}/files/{index}"
@@ -102,7 +102,7 @@ def _download(url: str, token: str, dest: str, digest: str, model: StagedModel) 
         answer = urllib.request.urlopen(request, timeout=TIMEOUT_S)  # noqa: S310
         with answer, open(partial, "wb") as out:
             shutil.copyfileobj(answer, out, CHUNK)
-        if _sha256(partial) != digest:
+        if sha256_of(partial) != digest:
             raise SetupFailed(f"model {model.name} version {model.version} arrived damaged")
         os.replace(partial, dest)
     except urllib.error.HTTPError as exc:
@@ -116,11 +116,3 @@ def _download(url: str, token: str, dest: str, digest: str, model: StagedModel) 
     finally:
         if os.path.exists(partial):
             os.unlink(partial)
-
-
-def _sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(CHUNK), b""):
-            digest.update(chunk)
-    return digest.hexdigest()

@@ -201,16 +201,7 @@ def decode_prefix(data: bytes, final: bool) -> tuple[str, int]:
 
 def read_scalars(path: str, offset: int) -> tuple[list[dict], int]:
     """The complete new lines of scalars.jsonl from offset, parsed; bad lines are skipped."""
-    data = _read_from(path, offset, CHUNK_BYTES)
-    end = data.rfind(b"\n") + 1
-    scalars = []
-    for line in data[:end].splitlines():
-        try:
-            item = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(item, dict):
-            scalars.append(item)
+    scalars, end = _whole_lines(_read_from(path, offset, CHUNK_BYTES))
     return scalars, offset + end
 
 
@@ -222,16 +213,23 @@ def read_reports(path: str, offset: int) -> tuple[list[dict], int]:
         data = _read_from(path, offset, REPORT_LINE_BYTES + 1)
         if b"\n" not in data and len(data) > REPORT_LINE_BYTES:  # never whole: skip it
             return [], offset + len(data)
+    reports, end = _whole_lines(data)
+    return reports, offset + end
+
+
+def _whole_lines(data: bytes) -> tuple[list[dict], int]:
+    """The JSON objects on data's complete lines, and how many bytes those lines take (a last
+    line still being written is read next time); a line that is not an object is skipped."""
     end = data.rfind(b"\n") + 1
-    reports = []
+    items = []
     for line in data[:end].splitlines():
         try:
             item = json.loads(line)
         except ValueError:
             continue
         if isinstance(item, dict):
-            reports.append(item)
-    return reports, offset + end
+            items.append(item)
+    return items, end
 
 
 def refusal_of(answer: bytes) -> str:

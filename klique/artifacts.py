@@ -3,7 +3,6 @@ downloaded into a private cache checked against their SHA-256."""
 
 from __future__ import annotations
 
-import hashlib
 import os
 import pickle
 import re
@@ -12,6 +11,7 @@ import tempfile
 import urllib.parse
 import zipfile
 
+from inside_job.digests import sha256_of
 from klique._api import KliqueError
 
 TYPE_CHECKING = False
@@ -111,19 +111,12 @@ class Artifact:
         """A local copy, downloaded once into a private cache and checked by its digest."""
         folder = os.path.join(cache_dir(), self.digest)
         path = os.path.join(folder, os.path.basename(self.filename) or self.name)
-        if os.path.isfile(path) and _sha256(path) == self.digest:
+        if os.path.isfile(path) and sha256_of(path) == self.digest:
             return path
-        os.makedirs(folder, mode=0o700, exist_ok=True)
-        fd, partial = tempfile.mkstemp(dir=folder, prefix=".partial-")
-        try:
-            with os.fdopen(fd, "wb") as out:
-                self._api.download(f"/tasks/{self.task_id}/artifacts/{self.name}", out)
-            if _sha256(partial) != self.digest:
-                raise KliqueError(f"artifact {self.name} of task {self.task_id} arrived damaged")
-            os.replace(partial, path)
-        finally:
-            if os.path.exists(partial):
-                os.unlink(partial)
+        where = f"/tasks/{self.task_id}/artifacts/{self.name}"
+        fetch_checked(
+            self._api, where, path, self.digest, f"artifact {self.name} of task {self.task_id}"
+        )
         return path
 
     @property
@@ -190,6 +183,23 @@ def cache_dir() -> str:
     return os.path.join(base, "klique", "artifacts")
 
 
+def fetch_checked(api: Api, where: str, dest: str, digest: str, what: str) -> None:
+    """Download `where` to `dest` through a partial file beside it, moved into place only when
+    its SHA-256 is `digest`: a copy cut short or damaged never stands at `dest`. `what` names
+    the file in the error (`artifact NAME of task 7`)."""
+    os.makedirs(os.path.dirname(dest), mode=0o700, exist_ok=True)
+    fd, partial = tempfile.mkstemp(dir=os.path.dirname(dest), prefix=".partial-")
+    try:
+        with os.fdopen(fd, "wb") as out:
+            api.download(where, out)
+        if sha256_of(partial) != digest:
+            raise KliqueError(f"{what} arrived damaged")
+        os.replace(partial, dest)
+    finally:
+        if os.path.exists(partial):
+            os.unlink(partial)
+
+
 def _unpacked(archive: str) -> str:
     """A folder artifact's zip, unpacked once beside it (the zip is checked by its digest;
     zipfile keeps every member inside the folder it extracts to)."""
@@ -203,11 +213,3 @@ def _unpacked(archive: str) -> str:
         except OSError:  # another process unpacked it first
             shutil.rmtree(partial, ignore_errors=True)
     return folder
-
-
-def _sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()

@@ -22,31 +22,25 @@ import tempfile
 import urllib.parse
 
 from klique._api import Api, KliqueError, job_document
+from klique._names import PART, check_versioned_name
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Dict, Iterable, List, Optional, Tuple
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-_PART = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._ +-]{0,254}$")
 _DIGEST = re.compile(r"^[0-9a-f]{64}$")
 ASK_BATCH = 10_000  # digests asked about in one request
 
 
 def check_name(name: str) -> str:
-    if not isinstance(name, str) or not _NAME.match(name) or ".." in name:
-        raise KliqueError(
-            f"dataset name {name!r}: use letters, digits, '.', '_' and '-' (at most 128), "
-            "starting with a letter or digit, never '..'"
-        )
-    return name
+    return check_versioned_name("dataset", name)
 
 
 def check_path(path: str) -> str:
     """A file's place in a version: relative, '/' between plain names (no '', '.', '..',
     hidden parts or absolute paths): joined to a folder, it never leaves it."""
     parts = path.split("/") if isinstance(path, str) else [""]
-    if len(path) > 1024 or not all(_PART.match(p) and p not in (".", "..") for p in parts):
+    if len(path) > 1024 or not all(PART.match(p) and p not in (".", "..") for p in parts):
         raise KliqueError(
             f"dataset file {path!r}: a relative path of plain names (letters, digits, . _ + - "
             "and spaces, no part starting with '.'), at most 1024 characters"

@@ -23,7 +23,7 @@ import os
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Callable, Dict, List, Optional, Sequence
+    from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 # The most one report of each kind may carry (its JSON and its file together): the server's
 # own table (broker/bounds.py ITEM_BYTES), checked here so that the error comes at once.
@@ -186,11 +186,7 @@ class Logger:
             self._report("image", title, series, iteration, {"url": _web_url(url)})
             return
         if local_path is not None:
-            with open(local_path, "rb") as f:
-                content = f.read()
-            name = os.path.basename(local_path)
-            if delete_after_upload:
-                os.remove(local_path)
+            content, name = _read_local(local_path, delete_after_upload)
         elif image is not None or matrix is not None:
             content, name = png_of(image if image is not None else matrix), f"{title}.png"
         else:
@@ -220,11 +216,7 @@ class Logger:
             self._report("media", title, series, iteration, {"url": _web_url(url)})
             return
         if local_path is not None:
-            with open(local_path, "rb") as f:
-                content = f.read()
-            name = os.path.basename(local_path)
-            if delete_after_upload:
-                os.remove(local_path)
+            content, name = _read_local(local_path, delete_after_upload)
         elif stream is not None:
             content = stream.read()
             name = f"{title}{file_extension or ''}"
@@ -426,6 +418,15 @@ def _mpl_to_plotly(figure: Any) -> Optional[Dict[str, Any]]:
 def _number(value: Any) -> Optional[float]:
     number = float(value.item() if hasattr(value, "item") else value)
     return number if math.isfinite(number) else None
+
+
+def _read_local(local_path: str, delete: bool) -> Tuple[bytes, str]:
+    """A reported file's bytes and name; the file removed after when `delete`."""
+    with open(local_path, "rb") as f:
+        content = f.read()
+    if delete:
+        os.remove(local_path)
+    return content, os.path.basename(local_path)
 
 
 def _web_url(url: str) -> str:

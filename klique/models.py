@@ -10,32 +10,25 @@ or stage, into a private cache checked against each file's SHA-256.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import secrets
-import tempfile
 import urllib.parse
 
+from inside_job.digests import sha256_of
 from klique._api import Api, KliqueError
-from klique.artifacts import cache_dir, upload
+from klique._names import PART, check_versioned_name
+from klique.artifacts import cache_dir, fetch_checked, upload
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Dict, List, Optional
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-_PART = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._ +-]{0,254}$")
 STAGES = ("none", "staging", "production", "archived")
 
 
 def check_name(name: str) -> str:
-    if not isinstance(name, str) or not _NAME.match(name) or ".." in name:
-        raise KliqueError(
-            f"model name {name!r}: use letters, digits, '.', '_' and '-' (at most 128), "
-            "starting with a letter or digit, never '..'"
-        )
-    return name
+    return check_versioned_name("model", name)
 
 
 def model_files(path: str) -> List[str]:
@@ -43,10 +36,10 @@ def model_files(path: str) -> List[str]:
     (a registry path is plain names only)."""
     found = []
     for root, dirs, files in os.walk(path):
-        dirs[:] = sorted(d for d in dirs if _PART.match(d))
+        dirs[:] = sorted(d for d in dirs if PART.match(d))
         for name in sorted(files):
             full = os.path.join(root, name)
-            if _PART.match(name) and os.path.isfile(full):
+            if PART.match(name) and os.path.isfile(full):
                 found.append(os.path.relpath(full, path).replace(os.sep, "/"))
     return found
 
@@ -144,33 +137,15 @@ class Model:
         folder = os.path.join(cache_dir(), "models", self.name, f"v{self.version}")
         for index, file in enumerate(self.files):
             parts = file["path"].split("/")
-            if not all(_PART.match(p) for p in parts):
+            if not all(PART.match(p) for p in parts):
                 raise KliqueError(f"model {self.name}: file {file['path']!r} is not a plain path")
             dest = os.path.join(folder, *parts)
-            if os.path.isfile(dest) and _sha256(dest) == file["digest"]:
+            if os.path.isfile(dest) and sha256_of(dest) == file["digest"]:
                 continue
             self._fetch(index, dest, file["digest"])
         first = os.path.join(folder, *self.files[0]["path"].split("/"))
         return first if self.kind == "file" else folder
 
     def _fetch(self, index: int, dest: str, digest: str) -> None:
-        os.makedirs(os.path.dirname(dest), mode=0o700, exist_ok=True)
-        fd, partial = tempfile.mkstemp(dir=os.path.dirname(dest), prefix=".partial-")
-        path = f"/models/{urllib.parse.quote(self.name)}/versions/{self.version}/files/{index}"
-        try:
-            with os.fdopen(fd, "wb") as out:
-                self._api.download(path, out)
-            if _sha256(partial) != digest:
-                raise KliqueError(f"model {self.name} version {self.version} arrived damaged")
-            os.replace(partial, dest)
-        finally:
-            if os.path.exists(partial):
-                os.unlink(partial)
-
-
-def _sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
+        where = f"/models/{urllib.parse.quote(self.name)}/versions/{self.version}/files/{index}"
+        fetch_checked(self._api, where, dest, digest, f"model {self.name} version {self.version}")

@@ -335,13 +335,18 @@ def _start_server(
     return Server(url, home, token_file.read_text().strip(), process, routes_url=routes_url)
 
 
-def stop_server(server: Server) -> None:
-    server.process.terminate()
+def stop_process(process: subprocess.Popen[Any], grace_s: float = 20) -> None:
+    """SIGTERM, then SIGKILL if `process` has not ended within `grace_s` seconds."""
+    process.terminate()
     try:
-        server.process.wait(20)
+        process.wait(grace_s)
     except subprocess.TimeoutExpired:
-        server.process.kill()
-        server.process.wait()
+        process.kill()
+        process.wait()
+
+
+def stop_server(server: Server) -> None:
+    stop_process(server.process)
 
 
 @pytest.fixture

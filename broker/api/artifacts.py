@@ -20,7 +20,7 @@ from broker.domain import Limits
 from broker.errors import TooLarge
 from broker.http.asgi import Scope
 from broker.http.callers import ActorAuth
-from broker.http.paths import API, TaskId
+from broker.http.paths import API, BINARY, TaskId
 from broker.names import ARTIFACT, FILENAME
 from broker.tasks.schemas import ArtifactOut
 
@@ -29,9 +29,6 @@ Name = Annotated[str, PathParam(pattern=ARTIFACT, description="The artifact's na
 # The routes whose body the request-size limit leaves alone: they stream and have their own
 # (artifacts here, dataset blobs in broker/api/datasets.py).
 STREAMED = re.compile(r"^/api/v1/(tasks/[0-9]+/artifacts/[^/]+|datasets/blobs/[0-9a-f]{64})$")
-_BINARY = {
-    "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}
-}
 
 
 def streams_itself(scope: Scope) -> bool:
@@ -46,7 +43,7 @@ def store_of(request: Request) -> ArtifactStore:
 @router.put(
     "/tasks/{task_id}/artifacts/{name}",
     status_code=201,
-    openapi_extra={"requestBody": {"required": False, **_BINARY}},
+    openapi_extra={"requestBody": {"required": False, **BINARY}},
 )
 async def upload(
     task_id: TaskId,
@@ -93,7 +90,7 @@ def listing(task_id: TaskId, tasks: Tasks, actor: ActorAuth) -> list[ArtifactOut
 @router.get(
     "/tasks/{task_id}/artifacts/{name}",
     response_class=StreamingResponse,
-    responses={200: _BINARY},
+    responses={200: BINARY},
 )
 def download(
     task_id: TaskId, name: Name, request: Request, tasks: Tasks, actor: ActorAuth

@@ -20,7 +20,7 @@ from broker.datasets.blobs import Blobs
 from broker.datasets.manifest import DATASET_NAME, DIGEST
 from broker.errors import TooLarge
 from broker.http.callers import ActorAuth
-from broker.http.paths import API
+from broker.http.paths import API, BINARY
 from broker.tasks.dataset_schemas import (
     BlobOut,
     DatasetDetailOut,
@@ -41,9 +41,6 @@ Ref = Annotated[
     str,
     PathParam(pattern=r"^([1-9][0-9]{0,8}|latest)$", description="A version number or latest."),
 ]
-_BINARY = {
-    "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}
-}
 
 
 def service_of(request: Request) -> DatasetService:
@@ -69,7 +66,7 @@ def missing(body: DigestsIn, datasets: Datasets, actor: ActorAuth) -> MissingOut
 @router.put(
     "/datasets/blobs/{digest}",
     status_code=201,
-    openapi_extra={"requestBody": {"required": False, **_BINARY}},
+    openapi_extra={"requestBody": {"required": False, **BINARY}},
 )
 async def send(digest: Digest, request: Request, datasets: Datasets, actor: ActorAuth) -> BlobOut:
     """Store one file's content; its SHA-256 must be `digest`."""
@@ -127,7 +124,7 @@ def version(name: Name, ref: Ref, datasets: Datasets, actor: ActorAuth) -> Datas
 @router.get(
     "/datasets/{name}/versions/{version}/blobs/{digest}",
     response_class=StreamingResponse,
-    responses={200: _BINARY},
+    responses={200: BINARY},
 )
 def download(
     name: Name,

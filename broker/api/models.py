@@ -13,7 +13,7 @@ from fastapi.responses import StreamingResponse
 
 from broker.api.artifacts import store_of
 from broker.http.callers import ActorAuth, Auth
-from broker.http.paths import API
+from broker.http.paths import API, BINARY
 from broker.models.rules import MODEL_NAME
 from broker.tasks.model_schemas import ModelDetailOut, ModelIn, ModelOut, StageIn, VersionOut
 from broker.tasks.models import ModelService
@@ -28,9 +28,6 @@ Ref = Annotated[
         description="A version number, production, staging or latest.",
     ),
 ]
-_BINARY = {
-    "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}
-}
 
 
 def service_of(request: Request) -> ModelService:
@@ -73,7 +70,7 @@ def stage(name: Name, version: Version, body: StageIn, models: Models, who: Auth
 @router.get(
     "/models/{name}/versions/{version}/files/{index}",
     response_class=StreamingResponse,
-    responses={200: _BINARY},
+    responses={200: BINARY},
 )
 def download(
     name: Name,

@@ -23,7 +23,7 @@ from pydantic import AnyHttpUrl
 
 from broker.http.callers import caller_of, identities_of
 from broker.identity.resolve import Identities
-from broker.mcp import model_tools, tools, tuning_tools
+from broker.mcp import dataset_tools, model_tools, tools, tuning_tools
 from broker.mcp.calls import Api
 
 
@@ -58,4 +58,5 @@ def build_mcp(app: FastAPI, public_url: str) -> MCPServer:
     tools.register(server, Api(app))
     model_tools.register(server, Api(app))
     tuning_tools.register(server, Api(app))
+    dataset_tools.register(server, Api(app))
     return server

@@ -67,7 +67,7 @@ from broker.pools.docker_argv import (
     stop_argv,
 )
 from broker.pools.host import SYSTEM_PATH, HostDriver, HostSettings
-from broker.pools.kubernetes import installation_id
+from broker.pools.kube_settings import installation_id
 from broker.pools.settings import settings_as
 from inside_job.oom import OOM_REASON
 

@@ -19,7 +19,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from broker.domain import Task, TaskState
 from broker.errors import SubmitError, TransportError
+from broker.execution import Observation
 from broker.pools import kube_pod, kube_states
 from broker.pools.kube_api import Conflict, KubeApi, KubeError
 
@@ -73,7 +75,7 @@ class Creations:
         Secret carries the report token: made with its owner, it never outlives the pod
         (the garbage collector deletes it with the pod, whoever deletes the pod). A crash
         between the two leaves a pod waiting in ContainerCreating for its Secret, with nothing
-        secret in it: found by name at the next look and made again (the driver's `_placed`)."""
+        secret in it: found by name at the next look and made again (kube_adopt.py)."""
         if creation.pod_uid is None:
             pod = await self._create_pod(creation)
             creation.pod_uid = str((pod.get("metadata") or {}).get("uid") or "")
@@ -157,3 +159,20 @@ class Creations:
                     creation.refused = f"refused by pool {self.pool}: {exc}"
             except SubmitError as exc:
                 creation.refused = str(exc)
+
+    def told(self, task: Task, creation: Creation) -> Observation | None:
+        """A task whose pod is being made: waiting with the cluster's words, failed when
+        refused for good, found once made (None: no news, or followed by its pod now)."""
+        if creation.in_submit:
+            return None
+        if creation.refused or creation.done:
+            del self.pending[task.id]
+        if creation.refused:
+            if task.state is TaskState.PLACED:
+                return Observation(TaskState.QUEUED, creation.refused)
+            return Observation(TaskState.FAILED, creation.refused)
+        if task.state is TaskState.PLACED:  # outcome_unknown says why meanwhile
+            if not creation.done:
+                return None
+            return Observation(TaskState.SUBMITTED, native_id=creation.name, job_dir=task.job_dir)
+        return None if creation.done else Observation(TaskState.PENDING, creation.reason)

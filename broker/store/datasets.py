@@ -12,25 +12,12 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 
+from broker.store import versioned
 from broker.store.repository import Store
 from broker.store.tables import DatasetBlobRow, DatasetReadRow, DatasetRow, DatasetVersionRow
 
-# Two first versions of one new name race to insert its row; the loser tries again and finds
-# the row (then waits for its lock). More tries than that is not a race but a fault.
-_TRIES = 3
 # Digests asked about in one query (an IN list stays well under every database's bound).
 _BATCH = 500
-
-
-def dataset_of(row: DatasetRow) -> dict[str, Any]:
-    return {
-        "name": row.name,
-        "owner": row.owner,
-        "team": row.team,
-        "project": row.project,
-        "latest": row.latest,
-        "created_at": row.created_at,
-    }
 
 
 def version_of(row: DatasetVersionRow, with_manifest: bool = True) -> dict[str, Any]:
@@ -65,31 +52,9 @@ class DatasetStore:
         """A new version of dataset owner['name'], numbered one past the last under the
         dataset's row lock. `owner`: name, owner, team, project (kept from the first). None
         when `allowed` refuses the dataset as it stands."""
-        for attempt in range(_TRIES):
-            try:
-                return self._add_version(owner, version, allowed)
-            except IntegrityError:
-                if attempt == _TRIES - 1:
-                    raise
-        return None  # not reached
 
-    def _add_version(
-        self,
-        owner: Mapping[str, Any],
-        version: Mapping[str, Any],
-        allowed: Callable[[dict[str, Any]], bool],
-    ) -> dict[str, Any] | None:
-        now = time.time()
-        with self.store.write() as session:
-            row = session.get(DatasetRow, owner["name"], with_for_update=True)
-            if row is None:
-                row = DatasetRow(**owner, latest=0, created_at=now)
-                session.add(row)
-                session.flush()
-            if not allowed(dataset_of(row)):
-                return None
-            row.latest += 1
-            made = DatasetVersionRow(
+        def made(row: DatasetRow, now: float) -> DatasetVersionRow:
+            return DatasetVersionRow(
                 name=row.name,
                 version=row.latest,
                 parent=version["parent"],
@@ -101,19 +66,14 @@ class DatasetStore:
                 task_id=version["task_id"],
                 created_at=now,
             )
-            session.add(made)
-            session.flush()
-            return version_of(made)
+
+        return versioned.add_version(self.store, DatasetRow, owner, allowed, made, version_of)
 
     def dataset(self, name: str) -> dict[str, Any] | None:
-        with self.store.read() as session:
-            row = session.get(DatasetRow, name)
-            return dataset_of(row) if row is not None else None
+        return versioned.named(self.store, DatasetRow, name)
 
     def datasets(self) -> list[dict[str, Any]]:
-        with self.store.read() as session:
-            query = select(DatasetRow).order_by(DatasetRow.name)
-            return [dataset_of(r) for r in session.scalars(query)]
+        return versioned.all_named(self.store, DatasetRow)
 
     def versions(self, name: str) -> list[dict[str, Any]]:
         """A dataset's versions without their manifests, oldest first."""
@@ -205,3 +165,29 @@ class DatasetStore:
                 {"name": r.name, "version": r.version, "time": r.time}
                 for r in session.scalars(query)
             ]
+
+    def readers(self, name: str) -> dict[int, list[int]]:
+        """The tasks that read each version of dataset `name`: version -> task ids, lowest
+        first."""
+        query = (
+            select(DatasetReadRow.version, DatasetReadRow.task_id)
+            .where(DatasetReadRow.name == name)
+            .order_by(DatasetReadRow.version, DatasetReadRow.task_id)
+        )
+        found: dict[int, list[int]] = {}
+        with self.store.read() as session:
+            for version, task_id in session.execute(query):
+                found.setdefault(int(version), []).append(int(task_id))
+        return found
+
+    def latest_sizes(self) -> dict[str, tuple[int, int]]:
+        """Each dataset's newest version's files and bytes, by name."""
+        query = select(
+            DatasetVersionRow.name, DatasetVersionRow.files, DatasetVersionRow.size
+        ).join(
+            DatasetRow,
+            (DatasetRow.name == DatasetVersionRow.name)
+            & (DatasetRow.latest == DatasetVersionRow.version),
+        )
+        with self.store.read() as session:
+            return {name: (int(files), int(size)) for name, files, size in session.execute(query)}

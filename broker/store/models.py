@@ -9,25 +9,10 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from sqlalchemy import select
-from sqlalchemy.exc import IntegrityError
 
+from broker.store import versioned
 from broker.store.repository import Store
 from broker.store.tables import ModelRow, ModelVersionRow
-
-# Two first registrations of one new name race to insert its row; the loser tries again and
-# finds the row (then waits for its lock). More tries than that is not a race but a fault.
-_TRIES = 3
-
-
-def model_of(row: ModelRow) -> dict[str, Any]:
-    return {
-        "name": row.name,
-        "owner": row.owner,
-        "team": row.team,
-        "project": row.project,
-        "latest": row.latest,
-        "created_at": row.created_at,
-    }
 
 
 def version_of(row: ModelVersionRow) -> dict[str, Any]:
@@ -63,31 +48,9 @@ class ModelStore:
         """A new version of model owner['name'], numbered one past the last under the model's
         row lock: two registrations at once get two versions. `owner`: name, owner, team,
         project (kept from the first). None when `allowed` refuses the model as it stands."""
-        for attempt in range(_TRIES):
-            try:
-                return self._register(owner, version, allowed)
-            except IntegrityError:
-                if attempt == _TRIES - 1:
-                    raise
-        return None  # not reached
 
-    def _register(
-        self,
-        owner: Mapping[str, Any],
-        version: Mapping[str, Any],
-        allowed: Callable[[dict[str, Any]], bool],
-    ) -> dict[str, Any] | None:
-        now = time.time()
-        with self.store.write() as session:
-            row = session.get(ModelRow, owner["name"], with_for_update=True)
-            if row is None:
-                row = ModelRow(**owner, latest=0, created_at=now)
-                session.add(row)
-                session.flush()
-            if not allowed(model_of(row)):
-                return None
-            row.latest += 1
-            made = ModelVersionRow(
+        def made(row: ModelRow, now: float) -> ModelVersionRow:
+            return ModelVersionRow(
                 name=row.name,
                 version=row.latest,
                 task_id=version["task_id"],
@@ -101,18 +64,14 @@ class ModelStore:
                 stage_by="",
                 created_at=now,
             )
-            session.add(made)
-            session.flush()
-            return version_of(made)
+
+        return versioned.add_version(self.store, ModelRow, owner, allowed, made, version_of)
 
     def model(self, name: str) -> dict[str, Any] | None:
-        with self.store.read() as session:
-            row = session.get(ModelRow, name)
-            return model_of(row) if row is not None else None
+        return versioned.named(self.store, ModelRow, name)
 
     def models(self) -> list[dict[str, Any]]:
-        with self.store.read() as session:
-            return [model_of(r) for r in session.scalars(select(ModelRow).order_by(ModelRow.name))]
+        return versioned.all_named(self.store, ModelRow)
 
     def versions(self, name: str) -> list[dict[str, Any]]:
         query = (

@@ -7,6 +7,7 @@ from sqlalchemy import (
     Boolean,
     Float,
     ForeignKey,
+    Index,
     Integer,
     LargeBinary,
     String,
@@ -255,11 +256,9 @@ class LeaderLeaseRow(Base):
     renewed_at: Mapped[float] = mapped_column(Float)
 
 
-class ModelRow(Base):
-    """A registered model's name: whose it is (the owner and team of its first version's run)
-    and the last version number given, the counter a registration bumps under its row lock."""
-
-    __tablename__ = "models"
+class VersionedName:
+    """The columns of a name whose versions are numbered (a model, a dataset): whose it is, kept
+    from its first version, and the last number given (broker/store/versioned.py)."""
 
     name: Mapped[str] = mapped_column(String(128), primary_key=True)
     owner: Mapped[str] = mapped_column(String(64), index=True)
@@ -267,6 +266,13 @@ class ModelRow(Base):
     project: Mapped[str] = mapped_column(String(200), default="default")
     latest: Mapped[int] = mapped_column(Integer, default=0)
     created_at: Mapped[float] = mapped_column(Float)
+
+
+class ModelRow(VersionedName, Base):
+    """A registered model's name: whose it is (the owner and team of its first version's run)
+    and the last version number given, the counter a registration bumps under its row lock."""
+
+    __tablename__ = "models"
 
 
 class ModelVersionRow(Base):
@@ -304,18 +310,11 @@ class PoolReportRow(Base):
     seen: Mapped[float] = mapped_column(Float)
 
 
-class DatasetRow(Base):
+class DatasetRow(VersionedName, Base):
     """A dataset's name: whose it is (the owner and team of whoever made its first version)
     and the last version number given, the counter a new version bumps under its row lock."""
 
     __tablename__ = "datasets"
-
-    name: Mapped[str] = mapped_column(String(128), primary_key=True)
-    owner: Mapped[str] = mapped_column(String(64), index=True)
-    team: Mapped[str | None] = mapped_column(String(64), nullable=True, index=True)
-    project: Mapped[str] = mapped_column(String(200), default="default")
-    latest: Mapped[int] = mapped_column(Integer, default=0)
-    created_at: Mapped[float] = mapped_column(Float)
 
 
 class DatasetVersionRow(Base):
@@ -356,7 +355,10 @@ class DatasetReadRow(Base):
     record lists them."""
 
     __tablename__ = "dataset_reads"
-    __table_args__ = (UniqueConstraint("task_id", "name", "version"),)
+    __table_args__ = (
+        UniqueConstraint("task_id", "name", "version"),
+        Index("ix_dataset_reads_name_version", "name", "version"),  # who read a version
+    )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     task_id: Mapped[int] = mapped_column(ForeignKey("tasks.id"), index=True)

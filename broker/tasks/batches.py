@@ -15,7 +15,7 @@ from pydantic import BaseModel, Field
 
 from broker import authz
 from broker.domain import TaskSpec, TaskState
-from broker.errors import KliqueError, NotFound, TooLarge
+from broker.errors import KliqueError, TooLarge
 from broker.identity.resolve import Caller
 from broker.names import LINE
 from broker.tasks.cancelling import cancel_steps
@@ -72,13 +72,8 @@ def create_many(
 def own_sweep(loop: TaskControl, sweep_id: int, who: Caller) -> dict[str, Any]:
     """The caller's own sweep (any for an admin); the same NotFound for another's as for
     none."""
-    try:
-        sweep = loop.store.sweep(sweep_id)
-    except NotFound:
-        sweep = None
-    if sweep is None or not authz.sees_owner(who, sweep["owner"]):
-        raise NotFound(f"no sweep {sweep_id} of yours; `klique show ID` names a task's sweep")
-    return sweep
+    refusal = f"no sweep {sweep_id} of yours; `klique show ID` names a task's sweep"
+    return authz.find_owned(who, lambda: loop.store.sweep(sweep_id), refusal)
 
 
 def sweep_tasks(

@@ -14,6 +14,8 @@ DatasetName = Annotated[str, Field(pattern=DATASET_NAME)]
 Digest = Annotated[str, Field(pattern=DIGEST)]
 # Digests asked about at once (the SDK asks in batches of this many).
 MOST_ASKED = 100_000
+# Task ids listed for one version (a sweep of thousands reads one): the count says the rest.
+MOST_READERS = 100
 
 
 class FileEntry(_Body):
@@ -65,17 +67,26 @@ class DatasetManifestOut(DatasetVersionOut):
     manifest: dict[str, FileEntry]
 
 
+class DatasetVersionReadOut(DatasetVersionOut):
+    """A version as a dataset's page lists it: with the tasks that read it."""
+
+    reads: int  # how many tasks read it
+    read_by: list[int]  # their ids, the first MOST_READERS of them
+
+
 class DatasetOut(BaseModel):
     name: str
     owner: str
     team: str | None
     project: str
     latest: int
+    files: int  # the newest version's
+    size: int  # the newest version's bytes
     created_at: float
 
 
 class DatasetDetailOut(DatasetOut):
-    versions: list[DatasetVersionOut]
+    versions: list[DatasetVersionReadOut]
 
 
 class DatasetReadOut(BaseModel):

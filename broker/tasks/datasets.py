@@ -16,11 +16,13 @@ from broker.identity.resolve import Caller
 from broker.store.datasets import DatasetStore
 from broker.tasks.control import TaskControl
 from broker.tasks.dataset_schemas import (
+    MOST_READERS,
     DatasetDetailOut,
     DatasetManifestOut,
     DatasetOut,
     DatasetReadOut,
     DatasetVersionOut,
+    DatasetVersionReadOut,
     VersionIn,
 )
 
@@ -38,6 +40,12 @@ def keeper_of(who: Caller) -> str:
 def version_out(found: dict[str, Any]) -> DatasetVersionOut:
     fields = {k: v for k, v in found.items() if k != "manifest"}
     return DatasetVersionOut(**fields, id=f"{found['name']}@{found['version']}")
+
+
+def with_readers(found: dict[str, Any], tasks: list[int]) -> DatasetVersionReadOut:
+    """A version with the tasks that read it (the first MOST_READERS ids, and how many)."""
+    fields = version_out(found).model_dump()
+    return DatasetVersionReadOut(**fields, reads=len(tasks), read_by=tasks[:MOST_READERS])
 
 
 def check_sizes(manifest: dict[str, dict[str, Any]], known: dict[str, int]) -> None:
@@ -150,12 +158,23 @@ class DatasetService:
     # Reading
 
     def listing(self, who: Caller) -> list[DatasetOut]:
-        return [DatasetOut(**d) for d in self.store.datasets() if self._readable(who, d)]
+        """The datasets the caller may read, by name, with their newest version's size."""
+        readable = [d for d in self.store.datasets() if self._readable(who, d)]
+        sizes = self.store.latest_sizes()  # read after: it holds every dataset read above
+        return [
+            DatasetOut(**d, files=sizes[d["name"]][0], size=sizes[d["name"]][1]) for d in readable
+        ]
 
     def show(self, who: Caller, name: str) -> DatasetDetailOut:
+        """A dataset and its versions (without their manifests), each with the tasks that read
+        it."""
         dataset = self._visible(who, name)
-        versions = [version_out(v) for v in self.store.versions(name)]
-        return DatasetDetailOut(**dataset, versions=versions)
+        readers = self.store.readers(name)
+        versions = [
+            with_readers(v, readers.get(v["version"], [])) for v in self.store.versions(name)
+        ]
+        newest = versions[-1]
+        return DatasetDetailOut(**dataset, files=newest.files, size=newest.size, versions=versions)
 
     def version(self, actor: Caller, name: str, ref: str) -> DatasetManifestOut:
         """A version with its manifest; read by a run's token, it goes on the run's record."""

@@ -16,7 +16,7 @@ from broker import authz
 from broker.apps.launch import APPLICATION
 from broker.authz import Action
 from broker.domain import LOCAL_POOL, Task
-from broker.errors import KliqueError, NotFound
+from broker.errors import KliqueError
 from broker.identity.resolve import Caller
 from broker.store.tunings import RUNNING, TuningStore
 from broker.tasks.control import TaskControl
@@ -80,13 +80,8 @@ class TuningService:
 
     def own(self, who: Caller, tuning_id: int) -> dict[str, Any]:
         """The caller's own tuning (any, for an admin); NotFound alike for another's."""
-        try:
-            tuning = self.store.get(tuning_id)
-        except NotFound:
-            tuning = None
-        if tuning is None or not authz.sees_owner(who, tuning["owner"]):
-            raise NotFound(f"no tuning {tuning_id} of yours; `klique tune ls` lists yours")
-        return tuning
+        refusal = f"no tuning {tuning_id} of yours; `klique tune ls` lists yours"
+        return authz.find_owned(who, lambda: self.store.get(tuning_id), refusal)
 
     def _out(self, tuning: dict[str, Any], trials: list[dict[str, Any]] | None = None) -> TuningOut:
         trials = self.store.trials(tuning["id"]) if trials is None else trials

@@ -19,7 +19,14 @@ from broker.http.cookies import clear_session_cookies
 from broker.http.paths import API
 from broker.identity.resolve import Refused
 from broker.store.identity import token_digest
-from broker.web import live, pages_estate, pages_models, pages_tasks, pages_tuning
+from broker.web import (
+    live,
+    pages_datasets,
+    pages_estate,
+    pages_models,
+    pages_tasks,
+    pages_tuning,
+)
 from broker.web import session as web_session
 from broker.web.errors import install_error_pages
 from broker.web.render import HEADERS, page
@@ -114,6 +121,7 @@ def web_router(control: ControlLoop) -> APIRouter:
     pages_tasks.add_routes(router, web)
     pages_estate.add_routes(router, web)
     pages_models.add_routes(router, web)
+    pages_datasets.add_routes(router, web)
     pages_tuning.add_routes(router, web)
     live.add_routes(router, web)
     return router

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from conftest import HTTP_TLS, ROOT, Server, free_port, wait_for
+from conftest import HTTP_TLS, ROOT, Server, free_port, stop_server, wait_for
 from helpers.slurm import SlurmJob, newest_job_id, slurm_jobs
 
 from broker.domain import Task, TaskSpec, TaskState
@@ -348,12 +348,7 @@ class ChaosRun:
         server, self.server = self.server, None
         if server is None or server.process.poll() is not None:
             return
-        server.process.terminate()
-        try:
-            server.process.wait(20)
-        except subprocess.TimeoutExpired:
-            server.process.kill()
-            server.process.wait()
+        stop_server(server)
 
     def close(self) -> None:
         self.stop()

@@ -38,7 +38,7 @@ from chaos_scenarios import (
     estate_text,
     mixed_work,
 )
-from conftest import ROOT, Server, free_port, wait_for
+from conftest import ROOT, Server, free_port, stop_process, wait_for
 from helpers.slurm import newest_job_id
 
 from broker.domain import TaskSpec, TaskState
@@ -270,12 +270,7 @@ http {{
         for replica in self.replicas:
             if replica.alive():
                 assert replica.process is not None
-                replica.process.terminate()
-                try:
-                    replica.process.wait(20)
-                except subprocess.TimeoutExpired:
-                    replica.process.kill()
-                    replica.process.wait()
+                stop_process(replica.process)
         pid = self.nginx_dir / "nginx.pid"
         if pid.exists():
             with contextlib.suppress(OSError, ValueError):

@@ -4,6 +4,7 @@ server and one node whose kubelet runs pods in Podman."""
 from __future__ import annotations
 
 import json
+import pwd
 import shutil
 import subprocess
 import sys
@@ -22,6 +23,19 @@ NAMESPACE = "klique"
 RESTRICTED = {"pod-security.kubernetes.io/enforce": "restricted"}
 NODE = "emulated-node"
 CONTAINER_LABEL = "klique.test/kubesim"  # tests/fakes/_kubesim/podman.py's LABEL
+
+
+def kube_pool(url: str, **settings: Any) -> dict[str, Any]:
+    """A Kubernetes pool's settings on the emulator at `url`: the namespace `klique`, the
+    test image, pods run as alice; `settings` add to them or replace them."""
+    pool = {
+        "kind": "kubernetes",
+        "namespace": NAMESPACE,
+        "server": url,
+        "image": IMAGE,
+        "run_as_user": pwd.getpwnam("alice").pw_uid,
+    }
+    return {**pool, **settings}
 
 
 class Emulator:

@@ -8,10 +8,12 @@ import pwd
 import re
 import shutil
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
 from conftest import TASK_PY, Server, shared_folder
 
 from helpers.estates import estate_yaml, profile
@@ -72,6 +74,20 @@ class Checkout:
 
     def remove(self) -> None:
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+@contextmanager
+def trusted_checkout() -> Iterator[Checkout]:
+    """A Checkout, removed afterwards, with git told (TRUST) to read alice's folder while it
+    lives; as a context, so a fixture of any scope can hold it."""
+    with pytest.MonkeyPatch.context() as patch:
+        for key, value in TRUST.items():
+            patch.setenv(key, value)
+        made = Checkout()
+        try:
+            yield made
+        finally:
+            made.remove()
 
 
 def recorded_id(output: str) -> int:

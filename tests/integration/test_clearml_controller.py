@@ -10,18 +10,15 @@ import pickle
 import pytest
 from conftest import HOST_ACCESS_SETTINGS
 from helpers.estates import estate_yaml, profile
-from helpers.sdk import TRUST, Checkout, recorded_id
+from helpers.sdk import recorded_id, trusted_checkout
 
 HOST_POOL = {"kind": "host", "slots": 4, "gpus": 2, **HOST_ACCESS_SETTINGS}
 
 
 @pytest.fixture
-def checkout(monkeypatch):
-    for key, value in TRUST.items():
-        monkeypatch.setenv(key, value)
-    made = Checkout()
-    yield made
-    made.remove()
+def checkout():
+    with trusted_checkout() as made:
+        yield made
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ import pytest
 from conftest import HOST_ACCESS_SETTINGS, ROOT
 from helpers.batch import batch_pool, open_folder, remove_tree
 from helpers.estates import estate_yaml, profile
-from helpers.sdk import GIT, TRUST, Checkout, recorded_id
+from helpers.sdk import GIT, recorded_id, trusted_checkout
 from selenium.webdriver.common.by import By
 from web.conftest import browser, screenshot  # noqa: F401 (browser: the fixture)
 from web.test_browser import sign_in
@@ -40,17 +40,13 @@ def examples_estate(pool: str, settings: dict) -> str:
 @pytest.fixture(scope="module")
 def checkout():
     """Alice's checkout holding the examples, as committed (the import line is Klique's)."""
-    with pytest.MonkeyPatch.context() as patch:
-        for key, value in TRUST.items():
-            patch.setenv(key, value)
-        made = Checkout()
+    with trusted_checkout() as made:
         for script in EXAMPLES.glob("*.py"):
             shutil.copy(script, made.repo / script.name)
         subprocess.run([*GIT, "add", "."], cwd=made.repo, check=True)
         subprocess.run([*GIT, "commit", "-qm", "examples"], cwd=made.repo, check=True)
         subprocess.run(["chown", "-R", "alice:alice", str(made.repo)], check=True)
         yield made
-        made.remove()
 
 
 @pytest.fixture(scope="module", params=["host", pytest.param("slurm", marks=pytest.mark.slurm)])

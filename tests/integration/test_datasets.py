@@ -1,7 +1,8 @@
 """Datasets end to end on the host pool: a version from a folder, the next with one file changed
 sends only that file; two tasks on one node read it and the server serves its files once (the
-node's cache, under its lock); the tasks' records list the version. And the S3 store's round
-trip against a local S3 (moto's server mode)."""
+node's cache, under its lock); the tasks' records list the version, and so do the Datasets pages
+and the MCP tools (with the tasks that read it). And the S3 store's round trip against a local
+S3 (moto's server mode)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,9 @@ from pathlib import Path
 import httpx
 import pytest
 from conftest import HOST_ACCESS, TASK_PY, wait_for
+from helpers.app import call, mcp_session
 from helpers.batch import open_folder, pool_yaml, remove_tree
+from helpers.web_session import signed_in
 from prometheus_client.parser import text_string_to_metric_families
 
 from broker.artifacts import ArtifactStore
@@ -42,10 +45,20 @@ for root, _, files in os.walk(folder):
         with open(path, "rb") as f:
             found[os.path.relpath(path, folder)] = hashlib.sha256(f.read()).hexdigest()
 listed = json.dumps(found, sort_keys=True).encode()
-listed = json.dumps(found, sort_keys=True).encode()
 print(json.dumps({"files": len(found), "digest": hashlib.sha256(listed).hexdigest()}))
 """
 FILES = 20
+
+
+def submit_readers(server, token: str, name: str, count: int) -> list[int]:
+    """The ids of `count` tasks sent to cpu, each reading version 2 of dataset `name` (READ)."""
+    argv = ["submit", "--no-code", "--json", "-r", "cpu", "--", TASK_PY, "-c", READ, name]
+    ids = []
+    for _ in range(count):
+        sent = server.cli(*argv, token=token)
+        assert sent.exit_code == 0, sent.output
+        ids.append(json.loads(sent.output)["id"])
+    return ids
 
 
 def make_folder(root: Path, tag: str) -> Path:
@@ -55,16 +68,6 @@ def make_folder(root: Path, tag: str) -> Path:
         sub.mkdir(parents=True, exist_ok=True)
         (sub / f"{i:03d}.bin").write_bytes(f"{tag} file {i}\n".encode() * 500)
     return folder
-
-
-def signed_in(server, token: str) -> httpx.Client:
-    """A browser-like client signed in with `token`."""
-    client = httpx.Client(base_url=server.url, timeout=30, follow_redirects=False)
-    form = client.get("/login").text
-    login_token = re.search(r'name="login_token" value="([^"]+)"', form)[1]
-    answer = client.post("/login", data={"token": token, "login_token": login_token})
-    assert answer.status_code == 303, answer.text
-    return client
 
 
 def requests(server, method: str, route: str) -> int:
@@ -121,23 +124,7 @@ def test_a_version_sends_only_what_changed_and_a_node_fetches_it_once(host, tmp_
     ]
 
     served = requests(server, "GET", BLOB_GET)
-    ids = []
-    for _ in range(2):
-        sent = server.cli(
-            "submit",
-            "--no-code",
-            "--json",
-            "-r",
-            "cpu",
-            "--",
-            TASK_PY,
-            "-c",
-            READ,
-            name,
-            token=alice,
-        )
-        assert sent.exit_code == 0, sent.output
-        ids.append(json.loads(sent.output)["id"])
+    ids = submit_readers(server, alice, name, 2)
     outputs = []
     for task_id in ids:
         task = server.wait_state(task_id, timeout=120, token=alice)
@@ -155,9 +142,14 @@ def test_a_version_sends_only_what_changed_and_a_node_fetches_it_once(host, tmp_
     browser = signed_in(server, alice)
     try:
         page = browser.get(f"/tasks/{ids[0]}").text
+        listed_page = browser.get("/datasets").text
+        dataset_page = browser.get(f"/datasets/{name}").text
     finally:
         browser.close()
-    assert "Datasets read" in page and f"{name}@2" in page
+    assert "Datasets read" in page and f'href="/datasets/{name}#v2">{name}@2</a>' in page
+    newest = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+    assert_pages_show_the_versions(listed_page, dataset_page, name, (total, newest), ids)
+    assert_mcp_shows_the_versions(server, alice, name, (total, newest), size, ids)
 
     fetched = tmp_path / "got"
     got = server.cli("dataset", "get", name, "--version", "2", "-o", str(fetched), token=alice)
@@ -165,6 +157,53 @@ def test_a_version_sends_only_what_changed_and_a_node_fetches_it_once(host, tmp_
     assert (fetched / "train" / "001.bin").read_bytes() == changed.read_bytes()
     listed = json.loads(server.cli("dataset", "ls", "--json", token=alice).output)
     assert any(d["name"] == name and d["latest"] == 2 for d in listed)
+
+
+def assert_pages_show_the_versions(
+    listed: str, page: str, name: str, sizes: tuple[int, int], readers: list[int]
+) -> None:
+    """The Datasets page lists the dataset (newest version, files, size); its page lists each
+    version with a link to its parent, its files and size, its maker and the tasks that read
+    it."""
+    row = re.search(rf'<tr><td><a href="/datasets/{re.escape(name)}">.*?</tr>', listed)
+    assert row, listed
+    assert '#v2">2</a>' in row[0] and f"<td>{FILES}</td>" in row[0]
+    assert f'title="{sizes[1]} bytes"' in row[0] and "<td>vision</td>" in row[0]
+    versions = {v: re.search(rf'<tr id="v{v}">.*?</tr>', page, re.S) for v in (1, 2)}
+    assert versions[1] and versions[2], page
+    second, first = versions[2][0], versions[1][0]
+    assert f"<code>{name}@2</code>" in second and '<a href="#v1">1</a>' in second
+    assert f"<td>{FILES}</td>" in second and "<td>alice</td>" in second
+    assert f'title="{sizes[1]} bytes"' in second
+    for task_id in readers:
+        assert f'<a href="/tasks/{task_id}">task {task_id}</a>' in second
+    assert f'title="{sizes[0]} bytes"' in first and "/tasks/" not in first  # none read v1
+
+
+def assert_mcp_shows_the_versions(
+    server, token: str, name: str, sizes: tuple[int, int], added: int, readers: list[int]
+) -> None:
+    """list_datasets and show_dataset answer what the API does: each version's files, bytes,
+    parent, maker, and the tasks that read it."""
+
+    async def ask() -> list[tuple[bool, str]]:
+        async with mcp_session(server, token) as session:
+            return [
+                await call(session, "list_datasets"),
+                await call(session, "show_dataset", name=name),
+            ]
+
+    (listed_refused, listed), (shown_refused, shown) = asyncio.run(ask())
+    assert not listed_refused and not shown_refused, (listed, shown)
+    mine = [d for d in json.loads(listed) if d["name"] == name]
+    assert [(d["latest"], d["files"], d["size"]) for d in mine] == [(2, FILES, sizes[1])]
+    versions = json.loads(shown)["versions"]
+    summary = [
+        (v["version"], v["parent"], v["files"], v["new_size"], v["created_by"], v["reads"])
+        for v in versions
+    ]
+    assert summary == [(1, None, FILES, sizes[0], "alice", 0), (2, 1, FILES, added, "alice", 2)]
+    assert versions[1]["read_by"] == sorted(readers)
 
 
 def api_version(server, token: str, name: str, files: dict[str, bytes]) -> None:
@@ -202,23 +241,7 @@ def test_a_slurm_sweep_fetches_a_version_once_into_the_job_roots_cache(server_fa
         api_version(server, alice, name, files)
         files["f00.txt"] = b"changed " + files["f00.txt"]
         api_version(server, alice, name, files)
-        ids = []
-        for _ in range(SWEEP):
-            sent = server.cli(
-                "submit",
-                "--no-code",
-                "--json",
-                "-r",
-                "cpu",
-                "--",
-                TASK_PY,
-                "-c",
-                READ,
-                name,
-                token=alice,
-            )
-            assert sent.exit_code == 0, sent.output
-            ids.append(json.loads(sent.output)["id"])
+        ids = submit_readers(server, alice, name, SWEEP)
         digests = set()
         for task_id in ids:
             task = server.wait_state(task_id, timeout=180, token=alice)

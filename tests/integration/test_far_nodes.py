@@ -35,7 +35,7 @@ from conftest_services import SlurmCluster, private_cluster, run_script
 from helpers.app import RUN_ONE_PLUS_ONE, chromium, launch, stop, wait_ready
 from helpers.batch import JOB_PYTHON, batch_pool, open_folder, remove_tree, shared_folder
 from helpers.estates import estate_yaml, profile
-from helpers.sdk import TRUST, Checkout, last_json, recorded_id
+from helpers.sdk import Checkout, last_json, recorded_id, trusted_checkout
 
 FAR_NODE = "klique-far1"  # the far cluster's node
 FAR_HOST = "klique-far2"  # the host pool's host, where its agent runs
@@ -158,12 +158,9 @@ def far_agent(far_site: FarSite) -> Iterator[None]:
 
 
 @pytest.fixture
-def checkout(monkeypatch: pytest.MonkeyPatch) -> Iterator[Checkout]:
-    for key, value in TRUST.items():
-        monkeypatch.setenv(key, value)
-    made = Checkout()
-    yield made
-    made.remove()
+def checkout() -> Iterator[Checkout]:
+    with trusted_checkout() as made:
+        yield made
 
 
 def serve_on_far_network(home: Path, estate: Path, slurm_conf: Path) -> Server:

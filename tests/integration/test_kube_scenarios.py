@@ -6,7 +6,6 @@ that enforces Pod Security "restricted". Tasks wait on a gate file in their pod'
 from __future__ import annotations
 
 import json
-import pwd
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,7 +14,7 @@ import httpx
 import pytest
 from conftest import Server, start_server, stop_server, wait_for
 from helpers.estates import estate_yaml, profile
-from helpers.kube import IMAGE, NAMESPACE, RESTRICTED, Emulator
+from helpers.kube import IMAGE, RESTRICTED, Emulator, kube_pool
 
 pytestmark = pytest.mark.podman
 
@@ -61,16 +60,7 @@ SCALARS = (
 
 def estate(url: str, templates: Path, **pool_extra: Any) -> str:
     allocation = {"cpus": 1, "memory": "400M", "walltime": "1h"}
-    pool = {
-        "kind": "kubernetes",
-        "namespace": NAMESPACE,
-        "server": url,
-        "image": IMAGE,
-        "run_as_user": pwd.getpwnam("alice").pw_uid,
-        "delete_grace": f"{GRACE}s",
-        "lost_after": "3s",
-        **pool_extra,
-    }
+    pool = kube_pool(url, delete_grace=f"{GRACE}s", lost_after="3s", **pool_extra)
     resources = {
         "cpu": profile("k8s", **allocation),
         "with-sidecar": profile("k8s", **allocation),

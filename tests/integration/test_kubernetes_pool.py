@@ -13,24 +13,20 @@ import httpx
 import pytest
 from conftest import Server, start_server, stop_server, wait_for
 from helpers.estates import estate_yaml, profile
-from helpers.kube import IMAGE, NAMESPACE, Emulator
+from helpers.kube import Emulator, kube_pool
 
 pytestmark = pytest.mark.podman
 
 
 def estate(url: str) -> str:
     allocation = {"cpus": 1, "memory": "400M"}
-    pool = {
-        "kind": "kubernetes",
-        "namespace": NAMESPACE,
-        "server": url,
-        "image": IMAGE,
-        "run_as_user": pwd.getpwnam("alice").pw_uid,
-        "delete_grace": "2s",
-        "shared_gpu_resource": "nvidia.com/gpu.shared",
-        "gpu_memory": "40G",
-        "image_pull_backoff": "2s",
-    }
+    pool = kube_pool(
+        url,
+        delete_grace="2s",
+        shared_gpu_resource="nvidia.com/gpu.shared",
+        gpu_memory="40G",
+        image_pull_backoff="2s",
+    )
     resources = {
         "cpu": profile("k8s", **allocation, walltime="1h"),
         "four-gpus": profile("k8s", gpus=4, **allocation, walltime="1h"),

@@ -37,6 +37,8 @@ TOOLS = {
     "promote_model",
     "list_tunings",  # tuning's (tests/integration/test_tuning.py)
     "show_tuning",
+    "list_datasets",  # datasets' (tests/integration/test_datasets.py)
+    "show_dataset",
 }
 
 

@@ -14,7 +14,7 @@ import pytest
 from conftest import HOST_ACCESS, TASK_PY, wait_for
 from helpers.app import call, launch, mcp_session, stop, wait_ready
 from helpers.batch import open_folder, pool_yaml, remove_tree
-from helpers.sdk import TRUST, Checkout, last_json, recorded_id
+from helpers.sdk import last_json, recorded_id, trusted_checkout
 
 TEAMS = "teams:\n  vision: [alice]\n  nlp: [bob]\n"
 RESOURCE = "resources:\n  cpu:\n    profile: {cpus: 1, memory: 1G, walltime: 1h, pools: [p]}\n"
@@ -52,12 +52,9 @@ def server(request, server_factory):
 
 
 @pytest.fixture
-def checkout(monkeypatch):
-    for key, value in TRUST.items():
-        monkeypatch.setenv(key, value)
-    made = Checkout()
-    yield made
-    made.remove()
+def checkout():
+    with trusted_checkout() as made:
+        yield made
 
 
 def register(server, token, checkout, *texts):

@@ -5,24 +5,19 @@ with its image's bytes, and the task page shows them all."""
 from __future__ import annotations
 
 import base64
-import re
 
-import httpx
 import pytest
 from conftest import HOST_ACCESS_SETTINGS
-from helpers.sdk import TRUST, Checkout, estate, recorded_id
+from helpers.sdk import estate, recorded_id, trusted_checkout
+from helpers.web_session import signed_in
 
 HOST_POOL = {"kind": "host", "slots": 2, **HOST_ACCESS_SETTINGS}
 
 
 @pytest.fixture(scope="module")
 def checkout():
-    with pytest.MonkeyPatch.context() as patch:
-        for key, value in TRUST.items():
-            patch.setenv(key, value)
-        made = Checkout()
+    with trusted_checkout() as made:
         yield made
-        made.remove()
 
 
 @pytest.fixture(scope="module")
@@ -32,16 +27,6 @@ def host(module_server_factory):
 
 
 KINDS = ["histogram", "image", "media", "plot", "single", "table", "text"]
-
-
-def signed_in(url: str, token: str) -> httpx.Client:
-    """A browser-like client signed in with `token`."""
-    client = httpx.Client(base_url=url, timeout=30, follow_redirects=False)
-    form = client.get("/login").text
-    login_token = re.search(r'name="login_token" value="([^"]+)"', form)[1]  # type: ignore[index]
-    answer = client.post("/login", data={"token": token, "login_token": login_token})
-    assert answer.status_code == 303, answer.text
-    return client
 
 
 def test_every_kind_of_report_reaches_the_api_and_the_task_page(host, checkout):
@@ -70,7 +55,7 @@ def test_every_kind_of_report_reaches_the_api_and_the_task_page(host, checkout):
     assert image.content[:8] == base64.b64decode("iVBORw0KGgo=")
     assert by_kind["media"]["file"] and by_kind["media"]["data"]["name"] == "clip.wav"
 
-    browser = signed_in(server.url, token)
+    browser = signed_in(server, token)
     page = browser.get(f"/tasks/{task_id}").text
     browser.close()
     for heading in ("Single values", "Tables", "Images", "Plots", "Histograms", "Text", "Media"):

@@ -13,20 +13,16 @@ import sys
 
 import pytest
 from conftest import HOST_ACCESS_SETTINGS
-from helpers.sdk import TRUST, Checkout, estate, recorded_id
-from test_reports import signed_in
+from helpers.sdk import TRUST, estate, recorded_id, trusted_checkout
+from helpers.web_session import signed_in
 
 HOST_POOL = {"kind": "host", "slots": 2, **HOST_ACCESS_SETTINGS}
 
 
 @pytest.fixture(scope="module")
 def checkout():
-    with pytest.MonkeyPatch.context() as patch:
-        for key, value in TRUST.items():
-            patch.setenv(key, value)
-        made = Checkout()
+    with trusted_checkout() as made:
         yield made
-        made.remove()
 
 
 @pytest.fixture(scope="module")
@@ -140,7 +136,7 @@ def test_tags_and_the_archive_through_the_cli(host):
     assert "tags:       base,best (archived)" in shown, shown
     server.cli("unarchive", task_id, token=token)
     assert int(task_id) in listed("--tag", "base")
-    browser = signed_in(server.url, token)
+    browser = signed_in(server, token)
     page = browser.get(f"/tasks/{task_id}").text
     tagged_list = browser.get("/tasks", params={"tag": "best"}).text
     other_list = browser.get("/tasks", params={"tag": "nobody-has-it"}).text

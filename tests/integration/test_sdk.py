@@ -11,18 +11,15 @@ import uuid
 import pytest
 from conftest import HOST_ACCESS_SETTINGS, wait_for
 from helpers.batch import batch_pool, open_folder, remove_tree
-from helpers.sdk import TRUST, Checkout, estate, last_json, recorded_id
+from helpers.sdk import estate, last_json, recorded_id, trusted_checkout
 
 HOST_POOL = {"kind": "host", "slots": 4, "gpus": 2, **HOST_ACCESS_SETTINGS}
 
 
 @pytest.fixture
-def checkout(monkeypatch):
-    for key, value in TRUST.items():
-        monkeypatch.setenv(key, value)
-    made = Checkout()
-    yield made
-    made.remove()
+def checkout():
+    with trusted_checkout() as made:
+        yield made
 
 
 @pytest.fixture

@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 from contextlib import closing
 
-import httpx
 import pytest
 from conftest import HOST_ACCESS, TASK_PY, start_server, stop_server, wait_for
 from helpers.app import call, mcp_session
+from helpers.web_session import signed_in
 
 TEAMS = "teams:\n  vision: [alice]\n  nlp: [bob]\n"
 ESTATE = (
@@ -107,16 +106,6 @@ def test_a_tpe_tuning_finds_a_better_x_prunes_and_stops_at_its_budget(server):
     assert "pruned by the tuner at step" in page.text and 'id="chart-data"' in page.text
     with closing(signed_in(server, server.make_token("bob"))) as browser:
         assert browser.get(f"/tunings/{tuning}").status_code == 404
-
-
-def signed_in(server, token):
-    """A browser-like client signed in with `token`."""
-    client = httpx.Client(base_url=server.url, timeout=30, follow_redirects=False)
-    form = client.get("/login").text
-    login_token = re.search(r'name="login_token" value="([^"]+)"', form)[1]
-    answer = client.post("/login", data={"token": token, "login_token": login_token})
-    assert answer.status_code == 303, answer.text
-    return client
 
 
 def over_mcp(server, token, tuning):

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 from collections.abc import Iterator
 
 import httpx
 import pytest
 from conftest import HOST_ACCESS, TASK_PY, Server
 from helpers.app import ECHO, call, mcp_session
+from helpers.web_session import signed_in
 
 ESTATE = (
     "teams:\n  vision: [alice]\n  nlp: [bob]\n"
@@ -122,16 +122,6 @@ def test_cloning_an_app_task_meets_a_static_routes_teams(apps, alices_apps) -> N
             admin.delete("/routes/serving")
 
 
-def sign_in(server: Server, token: str) -> httpx.Client:
-    """A browser-like client signed in to the web UI with `token`."""
-    client = httpx.Client(base_url=server.url, timeout=30, follow_redirects=False)
-    form = client.get("/login").text
-    login_token = re.search(r'name="login_token" value="([^"]+)"', form)[1]  # type: ignore[index]
-    answer = client.post("/login", data={"token": token, "login_token": login_token})
-    assert answer.status_code == 303, answer.text
-    return client
-
-
 def submit_only_token(server: Server, user: str) -> str:
     with server.api() as admin:
         made = admin.post("/tokens", json={"user": user, "scopes": ["submit"]})
@@ -143,7 +133,7 @@ def test_a_submit_only_session_reads_no_page(apps) -> None:
     server, alice, _ = apps
     secret = "alices-submit-only-secret"
     victim = submit_task(server, alice, secret)
-    looker = sign_in(server, submit_only_token(server, "alice"))
+    looker = signed_in(server, submit_only_token(server, "alice"))
     try:
         html = {"Accept": "text/html"}
         for path in (

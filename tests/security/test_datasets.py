@@ -4,6 +4,7 @@ writing a dataset its owner does not keep."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import os
@@ -13,6 +14,8 @@ from typing import Any
 import httpx
 import pytest
 from conftest import HOST_ACCESS, TASK_PY, Server, wait_for
+from helpers.app import call, mcp_session
+from helpers.web_session import signed_in
 
 from klique._api import KliqueError
 from klique.datasets import Cache
@@ -74,6 +77,44 @@ def test_another_team_cannot_read_a_dataset(datasets, tmp_path) -> None:
     assert got.exit_code != 0 and "no dataset 'private' that you may read" in got.output
     with api(server, tokens["carol"]) as carol:  # the dataset's team may
         assert carol.get(blob).content == SECRET
+
+
+def test_another_team_sees_neither_the_datasets_page_nor_the_mcp_answer(datasets) -> None:
+    """The web UI and the MCP tools ask the service the API asks: bob (team nlp) gets the
+    answer for a dataset that does not exist, word for word."""
+    server, tokens = datasets
+    bob = signed_in(server, tokens["bob"])
+    try:
+        listed = bob.get("/datasets").text
+        hidden, absent = bob.get("/datasets/private"), bob.get("/datasets/nosuch")
+        typed = bob.get("/datasets/%3Cscript%3Ealert(1)")  # not a dataset name
+    finally:
+        bob.close()
+    assert typed.status_code == 404 and "<script>alert" not in typed.text
+    assert "&lt;script&gt;alert(1)" in typed.text and "klique dataset ls" in typed.text
+    assert 'href="/datasets/bobs"' in listed and "/datasets/private" not in listed
+    assert hidden.status_code == absent.status_code == 404
+    assert hidden.text.replace("private", "nosuch") == absent.text
+    assert "rows.csv" not in hidden.text and "alice" not in hidden.text
+
+    async def as_bob() -> list[tuple[bool, str]]:
+        async with mcp_session(server, tokens["bob"]) as session:
+            return [
+                await call(session, "list_datasets"),
+                await call(session, "show_dataset", name="private"),
+                await call(session, "show_dataset", name="nosuch"),
+            ]
+
+    (_, names), (refused, shown), (_, nothing) = asyncio.run(as_bob())
+    assert [d["name"] for d in json.loads(names)] == ["bobs"]
+    assert refused and shown.replace("private", "nosuch") == nothing
+    assert "klique dataset ls" in shown
+    carol = signed_in(server, tokens["carol"])  # the dataset's team sees it
+    try:
+        assert 'href="/datasets/private"' in carol.get("/datasets").text
+        assert carol.get("/datasets/private").status_code == 200
+    finally:
+        carol.close()
 
 
 def test_knowing_a_digest_does_not_read_another_teams_content(datasets) -> None:

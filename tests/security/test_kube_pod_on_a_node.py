@@ -12,7 +12,7 @@ import pytest
 from conftest import ROOT, Server, start_server, stop_server
 from helpers.container_images import SETUID_PYTHON
 from helpers.estates import estate_yaml, profile
-from helpers.kube import IMAGE, NAMESPACE, RESTRICTED, Emulator
+from helpers.kube import RESTRICTED, Emulator, kube_pool
 
 pytestmark = pytest.mark.podman
 
@@ -23,14 +23,7 @@ ALICE = pwd.getpwnam("alice").pw_uid
 def server(podman, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     cluster = Emulator(labels=RESTRICTED)
     home = tmp_path_factory.mktemp("kube-attacks")
-    pool = {
-        "kind": "kubernetes",
-        "namespace": NAMESPACE,
-        "server": cluster.url,
-        "image": IMAGE,
-        "run_as_user": ALICE,
-        "delete_grace": "2s",
-    }
+    pool = kube_pool(cluster.url, delete_grace="2s")
     resources = {"cpu": profile("k8s", cpus=1, memory="400M", walltime="1h")}
     (home / "estate.yaml").write_text(estate_yaml(resources=resources, pools={"k8s": pool}))
     started = start_server(home, home / "estate.yaml")

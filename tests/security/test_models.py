@@ -50,6 +50,13 @@ def run_with_model(server: Server, token: str, name: str, *contents: bytes) -> d
     return dict(run.json())
 
 
+def run_with_artifact(http: httpx.Client, content: bytes) -> int:
+    """The id of a run recorded where it runs, holding one file artifact `w` of `content`."""
+    run = http.post("/sdk/tasks", json={"command": ["python3"], "name": "x"}).json()
+    http.put(f"/tasks/{run['id']}/artifacts/w?kind=file", content=content)
+    return int(run["id"])
+
+
 @pytest.fixture(scope="module")
 def registry(module_server_factory):
     """One server for the module's attacks: alice's (team vision) models demo (2 versions) and
@@ -76,13 +83,9 @@ def test_another_team_can_neither_promote_nor_see_nor_add_to_a_model(registry) -
         assert bob.get("/models").json() == []
         assert bob.get("/models/demo").status_code == 404
         assert bob.get("/models/demo/versions/1/files/0").status_code == 404
-    run_with_bob = None
-    with api(server, tokens["bob"]) as bob:
-        run_with_bob = bob.post("/sdk/tasks", json={"command": ["python3"], "name": "x"}).json()
-        bob.put(f"/tasks/{run_with_bob['id']}/artifacts/w?kind=file", content=b"bob's")
         body = {
             "name": "demo",
-            "task": run_with_bob["id"],
+            "task": run_with_artifact(bob, b"bob's"),
             "files": [{"path": "w", "artifact": "w"}],
         }
         added = bob.post("/models", json=body)
@@ -132,9 +135,8 @@ def _running(server: Server, token: str, task_id: int) -> dict[str, Any] | None:
 def test_a_model_name_never_reaches_a_path(registry, name: str) -> None:
     server, tokens = registry
     with api(server, tokens["alice"]) as http:
-        run = http.post("/sdk/tasks", json={"command": ["python3"], "name": "x"}).json()
-        http.put(f"/tasks/{run['id']}/artifacts/w?kind=file", content=b"w")
-        body = {"name": name, "task": run["id"], "files": [{"path": "w", "artifact": "w"}]}
+        run = run_with_artifact(http, b"w")
+        body = {"name": name, "task": run, "files": [{"path": "w", "artifact": "w"}]}
         assert http.post("/models", json=body).status_code in (400, 422)
     with pytest.raises(SetupFailed):  # the runner checks task.json's names again
         StagedModel({"name": name, "version": 1, "kind": "file", "files": [_file("w")]})
@@ -144,9 +146,8 @@ def test_a_model_name_never_reaches_a_path(registry, name: str) -> None:
 def test_a_model_file_never_reaches_outside_its_folder(registry, path: str) -> None:
     server, tokens = registry
     with api(server, tokens["alice"]) as http:
-        run = http.post("/sdk/tasks", json={"command": ["python3"], "name": "x"}).json()
-        http.put(f"/tasks/{run['id']}/artifacts/w?kind=file", content=b"w")
-        body = {"name": "paths", "task": run["id"], "files": [{"path": path, "artifact": "w"}]}
+        run = run_with_artifact(http, b"w")
+        body = {"name": "paths", "task": run, "files": [{"path": path, "artifact": "w"}]}
         assert http.post("/models", json=body).status_code == 400
     with pytest.raises(SetupFailed):
         StagedModel({"name": "paths", "version": 1, "kind": "file", "files": [_file(path)]})
@@ -199,11 +200,10 @@ def test_another_team_is_refused_on_the_models_page_and_over_mcp(registry) -> No
 def test_the_models_page_shows_lineage_and_escapes_what_runs_wrote(registry) -> None:
     server, tokens = registry
     with api(server, tokens["alice"]) as http:
-        run = http.post("/sdk/tasks", json={"command": ["python3"], "name": "x"}).json()
-        http.put(f"/tasks/{run['id']}/artifacts/w?kind=file", content=b"w")
+        run = run_with_artifact(http, b"w")
         body = {
             "name": "tagged",
-            "task": run["id"],
+            "task": run,
             "files": [{"path": "w", "artifact": "w"}],
             "tags": ["<script>alert(1)</script>"],
             "metadata": {"note": "<img src=x onerror=alert(2)>"},
@@ -214,5 +214,5 @@ def test_the_models_page_shows_lineage_and_escapes_what_runs_wrote(registry) -> 
         page = client.get("/models/tagged").text
     finally:
         client.close()
-    assert f'href="/tasks/{run["id"]}"' in page  # the run that made it
+    assert f'href="/tasks/{run}"' in page  # the run that made it
     assert "<script>alert(1)" not in page and "&lt;script&gt;alert(1)" in page

@@ -5,12 +5,12 @@ reads; only the owner and admins act (broker/authz.py, rule 3)."""
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import httpx
 import pytest
 from conftest import HOST_ACCESS, Server
+from helpers.web_session import signed_in
 
 ESTATE = (
     "teams:\n  vision: [alice, carol]\n  nlp: [bob]\n"
@@ -43,16 +43,6 @@ def local_run(server: Server, token: str, name: str) -> dict[str, Any]:
         sent = http.post(f"/tasks/{run['id']}/report", json=report)
         assert sent.status_code == 200, sent.text
     return dict(run)
-
-
-def signed_in(server: Server, token: str) -> httpx.Client:
-    """A browser-like client signed in with `token`."""
-    client = httpx.Client(base_url=server.url, timeout=30, follow_redirects=False)
-    form = client.get("/login").text
-    login_token = re.search(r'name="login_token" value="([^"]+)"', form)[1]  # type: ignore[index]
-    answer = client.post("/login", data={"token": token, "login_token": login_token})
-    assert answer.status_code == 303, answer.text
-    return client
 
 
 @pytest.fixture(scope="module")

@@ -136,7 +136,7 @@ def pod(name: str, task_id: int, phase: str, code: int | None = None) -> dict[st
 async def polled(driver: KubernetesDriver, tasks: list[Task]) -> dict[int, Any]:
     try:
         await driver.poll(tasks)  # starts the watch
-        await asyncio.wait_for(driver._synced.wait(), 5)
+        await asyncio.wait_for(driver.follower.synced.wait(), 5)
         return await driver.poll(tasks)
     finally:
         await driver.close()
@@ -166,7 +166,7 @@ def test_a_refused_pod_takes_its_secret_with_it_and_a_foreign_pod_is_not_adopted
     assert ("Secret", "klique-3-1-task") not in api.objects
     api.refuse_pods = None
     api.objects[("Pod", "klique-3-1")] = pod("klique-3-1", 99, "Running")
-    driver.pods["klique-3-1"] = api.objects[("Pod", "klique-3-1")]
+    driver.follower.pods["klique-3-1"] = api.objects[("Pod", "klique-3-1")]
     with pytest.raises(SubmitError, match="not this task's"):
         asyncio.run(driver.submit(task(TaskState.PLACED), "t"))
 
@@ -238,7 +238,7 @@ def test_an_api_that_does_not_answer_shows_the_pool_unreachable(tmp_path):
         try:
             assert await driver.poll([task()]) == {}
             for _ in range(100):
-                if driver.watch_error:
+                if driver.follower.error:
                     break
                 await asyncio.sleep(0.01)
             return await driver.capacity([task()])
@@ -252,7 +252,7 @@ def test_an_api_that_does_not_answer_shows_the_pool_unreachable(tmp_path):
 async def _looks(driver: KubernetesDriver, tasks: list[Task], times: int = 1) -> dict[int, Any]:
     """Start the watch, wait for its first list, then look `times` times; the last news."""
     await driver.poll(tasks)
-    await asyncio.wait_for(driver._synced.wait(), 5)
+    await asyncio.wait_for(driver.follower.synced.wait(), 5)
     news: dict[int, Any] = {}
     for _ in range(times):
         news = await driver.poll(tasks)
@@ -372,9 +372,9 @@ def test_an_evicted_or_preempted_pod_requeues_its_task(tmp_path, reason):
 
 def test_a_disrupted_pod_deleted_before_its_end_was_seen_requeues_too(tmp_path):
     driver, _ = make(tmp_path)
-    driver._apply("DELETED", _disrupted("DeletionByTaintManager", "Running"))
-    driver._synced.set()
-    driver._follow = lambda: None  # type: ignore[method-assign]
+    driver.follower.apply("DELETED", _disrupted("DeletionByTaintManager", "Running"))
+    driver.follower.synced.set()
+    driver.follower.follow = lambda: None  # type: ignore[method-assign]
     news = asyncio.run(driver.poll([task(TaskState.RUNNING)]))
     assert news[3].retry and "DeletionByTaintManager" in news[3].reason
 

@@ -111,6 +111,7 @@ def upgrade() -> None:
     )
     with op.batch_alter_table("dataset_reads") as batch:
         batch.create_index(batch.f("ix_dataset_reads_task_id"), ["task_id"], unique=False)
+        batch.create_index("ix_dataset_reads_name_version", ["name", "version"], unique=False)
     # Tuning (broker/store/tunings.py): searches over a base task's parameters, and trials.
     op.create_table(
         "tunings",
