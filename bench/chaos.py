@@ -7,6 +7,7 @@ or a check of its own) or could not run.
 
 from __future__ import annotations
 
+import argparse
 import json
 import shutil
 import subprocess
@@ -68,12 +69,21 @@ SCENARIOS: list[tuple[str, Callable[[Path], Outcome]]] = [
 
 
 def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    names = [name for name, _ in SCENARIOS]
+    parser.add_argument(
+        "--only", action="append", choices=names, metavar="SCENARIO",
+        help=f"run only this scenario (repeatable; default all): {', '.join(names)}",
+    )  # fmt: skip
+    chosen = set(parser.parse_args().only or names)
     subprocess.run([str(ROOT / "scripts" / "services-up")], check=True, capture_output=True)
     totals = dict.fromkeys(TOTALS, 0)
     unclean = 0
     started = time.monotonic()
     scratch = Path(tempfile.mkdtemp(prefix="klique-chaos-"))
     for name, scenario in SCENARIOS:
+        if name not in chosen:
+            continue
         workdir = scratch / name
         workdir.mkdir()
         try:
