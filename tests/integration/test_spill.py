@@ -260,7 +260,7 @@ def code_server(tmp_path: Path) -> Iterator[tuple[Path, str]]:
 def everywhere_server(
     tmp_path: Path, slurm_cluster: Any, podman: Any
 ) -> Iterator[tuple[Server, Path]]:
-    cluster = Emulator(images=(podman.image,))
+    cluster = Emulator()
     slurm_root = slurm_cluster.work / f"everywhere-{os.getpid()}-{tmp_path.name}"
     slurm_root.mkdir(mode=0o1777)
     os.chmod(slurm_root, 0o1777)

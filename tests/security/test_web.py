@@ -75,7 +75,7 @@ def test_every_state_changing_route_refuses_a_forged_request(host) -> None:
     routes = post_routes()
     assert {"/login", "/logout", "/tasks/cancel", "/tasks/{task_id}/cancel"} <= set(routes)
     for path in routes:
-        url = path.format(task_id=victim, name="x", app_id="1")
+        url = path.format(task_id=victim, name="x", app_id="1", version="1")
         altered = csrf[:-1] + ("A" if csrf[-1] != "A" else "B")
         for forged in ({}, {"csrf": "0" * 64}, {"csrf": altered}):
             fields = {**forged, "id": str(victim), "token": host.alice, "next": "/"}
